@@ -1,0 +1,1 @@
+"""Policy-side tensor helpers: chunked log-probs and entropies, the tiny model."""
