@@ -1,0 +1,61 @@
+"""Time every estimator on 4096 responses (groups of 8) x 1024 tokens, as ratios to grpo.
+
+    python benchmarks/bench_estimators.py [--responses 4096] [--tokens 1024] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from pivotrl.algorithms import ESTIMATORS, TokenBatch, compute_advantages
+
+
+def random_batch(n: int, t: int, group_size: int, seed: int = 0) -> TokenBatch:
+    """A realistic random batch: binary rewards, right-padded lengths, entropies in [0, 3)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(t // 4, t + 1, (n,), generator=g)
+    mask = torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1)
+    return TokenBatch(
+        rewards=(torch.rand(n, generator=g) < 0.5).float(),
+        group_index=torch.arange(n) // group_size,
+        response_mask=mask,
+        old_logprobs=-torch.rand(n, t, generator=g) * 3,
+        ref_logprobs=-torch.rand(n, t, generator=g) * 3,
+        entropies=torch.rand(n, t, generator=g) * 3,
+    )
+
+
+def time_estimator(name: str, batch: TokenBatch, repeats: int) -> float:
+    """Median wall time in seconds of compute_advantages(name, batch)."""
+    compute_advantages(name, batch)  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        compute_advantages(name, batch)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    """Print each estimator's median time and its ratio to grpo."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--responses", type=int, default=4096)
+    parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    batch = random_batch(args.responses, args.tokens, args.group_size)
+    print(f"{args.responses} responses x {args.tokens} tokens, groups of {args.group_size}, "
+          f"{torch.get_num_threads()} threads, float32")
+    base = time_estimator("grpo", batch, args.repeats)
+    print(f"{'estimator':<16}{'median s':>10}{'x grpo':>9}")
+    for name in ESTIMATORS:
+        seconds = base if name == "grpo" else time_estimator(name, batch, args.repeats)
+        print(f"{name:<16}{seconds:>10.4f}{seconds / base:>9.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""Pure tensor code: advantage estimators and policy losses (see ALGORITHMS.md).
+
+    from pivotrl.algorithms import TokenBatch, compute_advantages, compute_policy_loss
+"""
+
+from pivotrl.algorithms import baselines, entropy, erpo, losses  # noqa: F401  (register)
+from pivotrl.algorithms.batch import TokenBatch
+from pivotrl.algorithms.diagnostics import estimator_diagnostics
+from pivotrl.algorithms.registry import (
+    ESTIMATORS,
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    aggregate_loss,
+    compute_advantages,
+    compute_policy_loss,
+    estimator_requirements,
+    loss_requirements,
+    register_estimator,
+    register_policy_loss,
+)
+
+__all__ = [
+    "ESTIMATORS",
+    "LOSS_AGG_MODES",
+    "POLICY_LOSSES",
+    "TokenBatch",
+    "aggregate_loss",
+    "compute_advantages",
+    "compute_policy_loss",
+    "estimator_diagnostics",
+    "estimator_requirements",
+    "loss_requirements",
+    "register_estimator",
+    "register_policy_loss",
+]

@@ -1,0 +1,115 @@
+"""TokenBatch: the tensors every estimator and policy loss reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+OPTIONAL_FIELDS = ("ref_logprobs", "entropies")
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """N responses padded to T tokens; see ALGORITHMS.md for the notation.
+
+    rewards (N,) float, group_index (N,) int (equal values form a group),
+    response_mask (N,T) bool (True on response tokens), old_logprobs (N,T),
+    and optionally ref_logprobs (N,T) and entropies (N,T) of the rollout
+    policy. Values at padding positions are ignored (they may be anything,
+    even NaN); a non-finite value at a valid position raises ValueError.
+    """
+
+    rewards: Tensor
+    group_index: Tensor
+    response_mask: Tensor
+    old_logprobs: Tensor
+    ref_logprobs: Tensor | None = None
+    entropies: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        _check_batch(self)
+        if self.response_mask.dtype != torch.bool:
+            object.__setattr__(self, "response_mask", self.response_mask.bool())
+
+    @property
+    def num_responses(self) -> int:
+        """N, the number of responses."""
+        return self.rewards.shape[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The promoted floating dtype of the batch's float tensors."""
+        dtype = torch.promote_types(self.rewards.dtype, self.old_logprobs.dtype)
+        for name in OPTIONAL_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                dtype = torch.promote_types(dtype, value.dtype)
+        return dtype
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype computations run in: the batch dtype, at least float32."""
+        return torch.promote_types(self.dtype, torch.float32)
+
+    @property
+    def lengths(self) -> Tensor:
+        """(N,) int64: number of valid response tokens per response."""
+        return self.response_mask.sum(dim=1)
+
+    def field(self, name: str, needed_by: str) -> Tensor:
+        """The optional field `name` in compute dtype, zero on padding; ValueError if absent."""
+        value = getattr(self, name)
+        if value is None:
+            raise ValueError(f"{needed_by} needs TokenBatch.{name}, which is None")
+        return masked(value.to(self.compute_dtype), self.response_mask)
+
+
+def masked(x: Tensor, mask: Tensor) -> Tensor:
+    """x with padding positions set to exactly 0 (safe for NaN/inf padding)."""
+    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def _check_batch(b: TokenBatch) -> None:
+    if not isinstance(b.rewards, Tensor) or b.rewards.ndim != 1:
+        raise ValueError(f"rewards must be a 1-D tensor (N,), got {_describe(b.rewards)}")
+    n = b.rewards.shape[0]
+    if not b.rewards.is_floating_point():
+        raise ValueError(f"rewards must be floating point, got {b.rewards.dtype}")
+    if torch.isnan(b.rewards).any() or torch.isinf(b.rewards).any():
+        raise ValueError("rewards contain NaN or inf")
+    gi = b.group_index
+    if not isinstance(gi, Tensor) or gi.shape != (n,):
+        raise ValueError(f"group_index must have shape ({n},), got {_describe(gi)}")
+    if gi.is_floating_point() or gi.is_complex() or gi.dtype == torch.bool:
+        raise ValueError(f"group_index must be an integer tensor, got {gi.dtype}")
+    mask = b.response_mask
+    if not isinstance(mask, Tensor) or mask.ndim != 2 or mask.shape[0] != n:
+        raise ValueError(f"response_mask must have shape ({n}, T), got {_describe(mask)}")
+    if mask.dtype != torch.bool and not ((mask == 0) | (mask == 1)).all():
+        raise ValueError("response_mask must be bool or contain only 0 and 1")
+    mask = mask.bool()
+    for name in ("old_logprobs", *OPTIONAL_FIELDS):
+        value = getattr(b, name)
+        if value is None and name != "old_logprobs":
+            continue
+        if not isinstance(value, Tensor) or value.shape != mask.shape:
+            raise ValueError(
+                f"{name} must have the shape of response_mask {tuple(mask.shape)}, got {_describe(value)}"
+            )
+        if not value.is_floating_point():
+            raise ValueError(f"{name} must be floating point, got {value.dtype}")
+        if value.device != b.rewards.device:
+            raise ValueError(f"{name} is on {value.device}, rewards on {b.rewards.device}")
+        if not torch.isfinite(value[mask]).all():
+            raise ValueError(f"{name} has NaN or inf at valid (mask=1) positions")
+    for name, t in (("group_index", gi), ("response_mask", mask)):
+        if t.device != b.rewards.device:
+            raise ValueError(f"{name} is on {t.device}, rewards on {b.rewards.device}")
+
+
+def _describe(x: object) -> str:
+    if isinstance(x, Tensor):
+        return f"tensor of shape {tuple(x.shape)} and dtype {x.dtype}"
+    return type(x).__name__
