@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -10,3 +13,70 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 @app.callback()
 def main() -> None:
     """pivotrl: token-level credit assignment for RLVR."""
+
+
+@app.command()
+def demo() -> None:
+    """Show how each estimator assigns credit on a small toy batch."""
+    from pivotrl.demo import run_demo
+
+    run_demo()
+
+
+@app.command()
+def pretrain(
+    output_dir: str = typer.Option("outputs/tiny-countdown", help="Where to save the checkpoint."),
+    seed: int = typer.Option(0, help="Seed of the weights and the data order."),
+    steps: int = typer.Option(1500, help="Optimizer steps (the default recipe stops here)."),
+    minutes: float | None = typer.Option(None, help="Also stop after this many minutes (not reproducible)."),
+    batch_size: int = typer.Option(64, help="Sequences per step."),
+    lr: float = typer.Option(3e-3, help="Peak learning rate (cosine decay after warm-up)."),
+    threads: int = typer.Option(2, help="torch threads (fixed, for reproducible weights)."),
+    imperfect: float = typer.Option(0.3, help="Share of deliberately flawed worked solutions."),
+    evaluate: bool = typer.Option(True, help="Measure held-out accuracy after training."),
+    eval_only: bool = typer.Option(False, "--eval-only", help="Only measure --model (default: the shipped policy)."),
+    model: str | None = typer.Option(None, help="Checkpoint to measure with --eval-only."),
+    eval_n: int = typer.Option(1000, help="Held-out countdown problems to measure on."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature of the measurement (0 = greedy)."),
+    eval_seed: int = typer.Option(0, help="Seed of the measurement's sampling."),
+) -> None:
+    """Warm up the tiny policy on countdown worked solutions (the shipped checkpoint's recipe)."""
+    from pathlib import Path
+
+    from pivotrl.pretrain import PretrainConfig, run_pretrain_command
+
+    config = PretrainConfig(
+        seed=seed, steps=steps, minutes=minutes, batch_size=batch_size, lr=lr, threads=threads,
+        imperfect=imperfect,
+    )
+    run_pretrain_command(
+        output_dir=Path(output_dir), config=config, evaluate=evaluate, eval_only=eval_only,
+        model_path=Path(model) if model else None, eval_n=eval_n, temperature=temperature, eval_seed=eval_seed,
+    )
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def train(
+    ctx: typer.Context,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML recipe (default: configs/default.yaml)")] = None,
+    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="Run folder (overrides output_dir)")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint in the run folder")] = False,
+) -> None:
+    """Train a policy with RLVR; extra arguments are dotted overrides (train.max_steps=4)."""
+    from pivotrl.train.config import ConfigError, load_config
+    from pivotrl.train.recipes import default_config_path
+    from pivotrl.train.trainer import Trainer, TrainingAborted
+
+    overrides = list(ctx.args)
+    if output_dir is not None:
+        overrides.append(f"output_dir={output_dir}")
+    try:
+        cfg = load_config(config if config is not None else default_config_path(), overrides)
+        Trainer(cfg, resume=resume).run()
+    except (ConfigError, TrainingAborted) as err:
+        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+
+
+if __name__ == "__main__":
+    app()

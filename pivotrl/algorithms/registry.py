@@ -103,6 +103,12 @@ def _requirements(kind: str, name: str, hparams: dict[str, Any]) -> frozenset[st
     return frozenset(req)
 
 
+def default_loss_agg_mode(name: str) -> str:
+    """The aggregation policy loss `name` uses when loss_agg_mode is not given."""
+    _lookup("policy loss", POLICY_LOSSES, name)
+    return _DEFAULT_AGG[name]
+
+
 def _check_present(kind: str, name: str, needed: frozenset[str], available: dict[str, Any]) -> None:
     missing = sorted(f for f in needed if available.get(f) is None)
     if missing:

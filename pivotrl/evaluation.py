@@ -1,0 +1,106 @@
+"""Held-out evaluation: pass@1 over k samples, unbiased pass@k, maj@k, length, trace validity."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pivotrl.rewards import extract_answer, extract_math_answer, trace_validity
+from pivotrl.rewards.safe import safe_score
+from pivotrl.rollout import RolloutEngine
+from pivotrl.tasks.base import Problem, Task
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k)/C(n, k)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def answer_key(text: str) -> str | None:
+    """The final answer a majority vote counts: <answer> content, else the math extraction."""
+    answer = extract_answer(text)
+    if answer is None:
+        answer = extract_math_answer(text)
+    return None if answer is None else " ".join(answer.split())
+
+
+def majority_correct(texts: list[str], scores: list[float]) -> float:
+    """Score of the most frequent final answer (ties: the one seen first); 0 with no answers."""
+    keys = [answer_key(t) for t in texts]
+    counts = Counter(k for k in keys if k is not None)
+    if not counts:
+        return 0.0
+    top = max(counts.values())
+    winner = next(k for k in keys if k is not None and counts[k] == top)
+    return float(scores[keys.index(winner)] >= 1.0)
+
+
+def evaluate_policy(
+    engine: RolloutEngine,
+    task: Task,
+    problems: list[Problem],
+    *,
+    prompts: list[str],
+    samples_per_problem: int = 1,
+    temperature: float = 1.0,
+    max_new_tokens: int = 34,
+    batch_size: int = 256,
+    seed: int = 0,
+    samples_path: str | Path | None = None,
+) -> dict[str, Any]:
+    """Sample k completions per problem and score them; optionally write every sample as jsonl."""
+    if len(prompts) != len(problems):
+        raise ValueError(f"{len(prompts)} prompts for {len(problems)} problems")
+    k = samples_per_problem
+    generator = torch.Generator().manual_seed(seed)
+    per_batch = max(1, batch_size // k)
+    correct, pass_k, maj_k, lengths, validity = [], [], [], [], []
+    sink = None
+    if samples_path is not None:
+        Path(samples_path).parent.mkdir(parents=True, exist_ok=True)
+        sink = open(samples_path, "w")  # noqa: SIM115 - closed in finally
+    try:
+        for start in range(0, len(problems), per_batch):
+            chunk = problems[start : start + per_batch]
+            rollout = engine.generate(prompts[start : start + per_batch], k, max_new_tokens=max_new_tokens,
+                                      temperature=temperature, generator=generator)
+            lens = rollout.response_mask.sum(dim=1).tolist()
+            for j, problem in enumerate(chunk):
+                texts = rollout.texts[j * k : (j + 1) * k]
+                scores = [safe_score(task.verifier, t, problem.answer) for t in texts]
+                n_right = sum(s >= 1.0 for s in scores)
+                correct.append(n_right / k)
+                pass_k.append(pass_at_k(k, n_right, k))
+                maj_k.append(majority_correct(texts, scores))
+                lengths.extend(lens[j * k : (j + 1) * k])
+                for t, s in zip(texts, scores, strict=True):
+                    v = trace_validity(t) if s >= 1.0 else None
+                    if v is not None:
+                        validity.append(v)
+                if sink is not None:
+                    for g, (t, s) in enumerate(zip(texts, scores, strict=True)):
+                        sink.write(json.dumps({"problem": start + j, "sample": g, "prompt": problem.prompt,
+                                               "answer": problem.answer, "completion": t, "reward": s,
+                                               "length": lens[j * k + g]}) + "\n")
+    finally:
+        if sink is not None:
+            sink.close()
+    n = max(len(problems), 1)
+    return {
+        "accuracy": sum(correct) / n,
+        f"pass@{k}": sum(pass_k) / n,
+        f"maj@{k}": sum(maj_k) / n,
+        "mean_length": sum(lengths) / max(len(lengths), 1),
+        "trace_validity_correct": sum(validity) / len(validity) if validity else None,
+        "num_problems": len(problems),
+        "samples_per_problem": k,
+    }

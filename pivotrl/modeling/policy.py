@@ -1,0 +1,86 @@
+"""Loading the policy (and a frozen reference copy): the shipped tiny model, a fresh one, or any causal LM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' -> cuda when available, else cpu; anything else as given."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_policy(
+    name_or_path: str, *, dtype: str = "float32", device: str = "auto", seed: int = 0,
+    arch: dict[str, int] | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """(model, tokenizer with left padding and a pad token) for 'tiny', 'tiny-random' or a path/hub id."""
+    if dtype not in DTYPES:
+        raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if name_or_path == "tiny":
+        from pivotrl.modeling.tiny import load_tiny_policy
+
+        model, tokenizer = load_tiny_policy()
+    elif name_or_path == "tiny-random":
+        from pivotrl.modeling.tiny import build_tiny_model
+        from pivotrl.modeling.tokenizer import build_char_tokenizer
+
+        tokenizer = build_char_tokenizer()
+        model = build_tiny_model(tokenizer, seed=seed, **(arch or {}))
+    else:
+        tokenizer = load_tokenizer(name_or_path)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
+        except OSError as err:
+            raise ValueError(f"model.name_or_path={name_or_path!r}: cannot load a causal LM ({err})") from err
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    model.to(device=resolve_device(device), dtype=DTYPES[dtype])
+    return model, tokenizer
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of a local folder or hub id (fast tokenizer when one exists)."""
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot load a tokenizer from {name_or_path!r} ({err})") from err
+
+
+def frozen_copy(model: PreTrainedModel) -> PreTrainedModel:
+    """A deep copy with gradients off, in eval mode: the reference model."""
+    import copy
+
+    ref = copy.deepcopy(model)
+    ref.requires_grad_(False)
+    ref.eval()
+    return ref
+
+
+def lm_parts(model: PreTrainedModel) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(the decoder returning hidden states, the LM head) of a causal LM."""
+    head = model.get_output_embeddings()
+    body = getattr(model, model.base_model_prefix, None)
+    if head is None or body is None:
+        raise ValueError(f"{type(model).__name__} has no separate decoder and LM head")
+    return body, head
+
+
+def describe(model: Any) -> str:
+    """'LlamaForCausalLM, 0.86 M parameters, float32 on cpu'."""
+    n = sum(p.numel() for p in model.parameters())
+    p = next(model.parameters())
+    return f"{type(model).__name__}, {n / 1e6:.2f} M parameters, {str(p.dtype).split('.')[-1]} on {p.device}"

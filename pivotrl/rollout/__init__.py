@@ -1,0 +1,5 @@
+"""Rollout engines behind one interface: hf (default) and vllm (optional, GPU)."""
+
+from pivotrl.rollout.base import Rollout, RolloutEngine, concat_rollouts, make_engine, select_rows
+
+__all__ = ["Rollout", "RolloutEngine", "concat_rollouts", "make_engine", "select_rows"]

@@ -1,0 +1,110 @@
+"""The default rollout engine: batched sampling with a transformers model and its KV cache."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import Tensor
+
+from pivotrl.rollout.base import Rollout
+
+
+def sample_next(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> Tensor:
+    """One token id per row (B,) from logits (B,V) at `temperature` with nucleus `top_p`."""
+    if not torch.isfinite(logits).all():
+        raise ValueError("the policy produced NaN/inf logits while sampling: its weights have diverged")
+    if temperature <= 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (always the most likely token)
+        drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+class HFEngine:
+    """Samples with the policy itself: left-padded prompts, one forward per new token, stop at EOS."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, *, max_prompt_tokens: int | None = None) -> None:
+        if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer needs a pad and an eos token for batched sampling")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_prompt_tokens = max_prompt_tokens
+        # transformers >= 5.x names the KV cache argument `cache`, earlier releases `past_key_values`
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    def sync_weights(self) -> None:
+        """Nothing to do: this engine samples from the policy module itself."""
+
+    def encode_prompts(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
+        """Left-padded prompt ids and mask (B,P) on the model's device."""
+        self.tokenizer.padding_side = "left"
+        enc = self.tokenizer(
+            prompts, return_tensors="pt", padding=True, add_special_tokens=True,
+            truncation=self.max_prompt_tokens is not None, max_length=self.max_prompt_tokens,
+        )
+        device = next(self.model.parameters()).device
+        return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+
+    @staticmethod
+    def _cache(output: object) -> object:
+        """The KV cache a forward returned, under either attribute name."""
+        cache = getattr(output, "cache", None)
+        return cache if cache is not None else output.past_key_values
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: list[str],
+        num_samples: int,
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        """num_samples completions of every prompt (rows prompt-major) as a Rollout."""
+        if num_samples < 1 or max_new_tokens < 1:
+            raise ValueError(f"num_samples and max_new_tokens must be >= 1, got {num_samples}, {max_new_tokens}")
+        prompt_ids, prompt_mask = self.encode_prompts(prompts)
+        prompt_ids = prompt_ids.repeat_interleave(num_samples, dim=0)
+        prompt_mask = prompt_mask.repeat_interleave(num_samples, dim=0)
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        batch = prompt_ids.shape[0]
+        was_training = self.model.training
+        self.model.eval()
+        attention = prompt_mask.clone()
+        positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+        out = self.model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        cache, logits = self._cache(out), out.logits[:, -1]
+        next_position = positions[:, -1:] + 1
+        finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
+        tokens: list[Tensor] = []
+        for _ in range(max_new_tokens):
+            token = sample_next(logits, temperature, top_p, generator)
+            token = torch.where(finished, pad, token)
+            tokens.append(token)
+            finished = finished | (token == eos)
+            if bool(finished.all()):
+                break
+            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
+            out = self.model(input_ids=token.unsqueeze(1), attention_mask=attention, position_ids=next_position,
+                             use_cache=True, **{self._cache_arg: cache})
+            cache, logits = self._cache(out), out.logits[:, -1]
+            next_position = next_position + 1
+        self.model.train(was_training)
+        response_ids = torch.stack(tokens, dim=1)
+        is_eos = response_ids == eos
+        # valid = up to and including the first EOS
+        after_eos = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0
+        response_mask = ~after_eos
+        response_ids = torch.where(response_mask, response_ids, pad)
+        texts = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+        return Rollout(prompt_ids, prompt_mask.bool(), response_ids, response_mask, texts,
+                       truncated=~is_eos.any(dim=1), group_size=num_samples)

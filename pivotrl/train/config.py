@@ -1,0 +1,250 @@
+"""Run configuration: one pydantic model per section, loaded from YAML with dotted overrides."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class Section(BaseModel):
+    """A config section: unknown keys are errors, every field has a default and a doc."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+
+class ModelConfig(Section):
+    name_or_path: str = "tiny"
+    """'tiny' (the shipped policy), 'tiny-random' (a fresh tiny model, for tests), or a local path / hub id."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype of the policy and the reference model."""
+    device: str = "auto"
+    """'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ..."""
+    chat_template: bool = False
+    """Render prompts with the tokenizer's chat template instead of the task's plain template."""
+    ref_model: str | None = None
+    """Reference model: None = the policy's initial weights (kept only when a method needs it), 'none' = no reference model, or a path."""
+    arch: dict[str, int] = Field(default_factory=dict)
+    """Overrides of the tiny architecture for 'tiny-random' (hidden_size, num_hidden_layers, ...)."""
+    logprob_chunk_size: int = Field(1024, ge=1)
+    """Positions per chunk when computing log-probs and entropies through the LM head."""
+    gradient_checkpointing: bool = False
+    """Trade compute for memory in the policy's backward (large models)."""
+
+
+class TaskConfig(Section):
+    name: str = "countdown"
+    """Registered task name (countdown, arithmetic, linear, gsm8k, math500, aime24, amc23, file, hub)."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword options of the task (e.g. num_numbers, path, question_field)."""
+
+
+class RolloutConfig(Section):
+    engine: Literal["hf", "vllm"] = "hf"
+    """Generation engine: hf (transformers, any device) or vllm (GPU, optional extra)."""
+    prompts_per_step: int = Field(32, ge=1)
+    """Prompts sampled per training step."""
+    group_size: int = Field(8, ge=1)
+    """Responses sampled per prompt (G)."""
+    max_new_tokens: int = Field(34, ge=1)
+    """Longest response, in tokens (L_max)."""
+    max_prompt_tokens: int | None = None
+    """Truncate prompts to this many tokens (None: no limit)."""
+    temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature (also applied to the log-probs the losses use)."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass."""
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal and sample more prompts to refill."""
+    max_resample_rounds: int = Field(3, ge=0)
+    """How many extra sampling rounds dynamic sampling may use per step."""
+    overlong_shaping: bool = False
+    """DAPO overlong shaping: a linear length penalty inside the last `overlong_cache` tokens."""
+    overlong_cache: int = Field(8, ge=1)
+    """L_cache of the overlong shaping window."""
+
+
+class AlgorithmConfig(Section):
+    estimator: str = "erpo"
+    """Advantage estimator (pivotrl.algorithms.ESTIMATORS)."""
+    estimator_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Estimator hyperparameters, e.g. {gamma: 5.0, eta: 0.2}."""
+    policy_loss: str = "ppo"
+    """Policy loss (ppo, gspo, tepo, mpo)."""
+    loss_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Loss hyperparameters, e.g. {eps_low: 0.2, eps_high: 0.28, beta_kl: 0.0}."""
+    loss_agg_mode: str | None = None
+    """token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm (None: the loss's default)."""
+
+
+class TrainConfig(Section):
+    seed: int = 0
+    """Seed of every random number generator of the run."""
+    max_steps: int = Field(200, ge=0)
+    """Training steps."""
+    lr: float = Field(1e-4, gt=0)
+    """Peak AdamW learning rate."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    adam_betas: tuple[float, float] = (0.9, 0.99)
+    """AdamW betas."""
+    warmup_steps: int = Field(5, ge=0)
+    """Linear warm-up steps before the cosine decay."""
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    """Final learning rate of the cosine decay, as a fraction of lr."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over each step's rollouts."""
+    num_minibatches: int = Field(1, ge=1)
+    """Optimizer steps per epoch (the rollouts are split into this many minibatches)."""
+    micro_batch_size: int | None = Field(None, ge=1)
+    """Responses per forward/backward (gradient accumulation); None: the whole minibatch."""
+    max_grad_norm: float | None = 1.0
+    """Gradient-norm clipping (None: off)."""
+    num_threads: int | None = None
+    """torch CPU threads (None: torch's default)."""
+    max_nan_steps: int = Field(3, ge=1)
+    """Abort after this many consecutive steps with a NaN/inf loss or gradient."""
+
+
+class EvalConfig(Section):
+    every: int = Field(0, ge=0)
+    """Evaluate every N steps during training (0: only before and after)."""
+    before_after: bool = True
+    """Evaluate the initial and the final policy and write summary.json."""
+    num_problems: int = Field(500, ge=1)
+    """Held-out problems per evaluation (the first N of the task's held-out split)."""
+    samples_per_problem: int = Field(1, ge=1)
+    """k: samples per problem (pass@1 is averaged over them; pass@k and maj@k use all)."""
+    temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature at evaluation."""
+    max_new_tokens: int | None = None
+    """Longest response at evaluation (None: rollout.max_new_tokens)."""
+    batch_size: int = Field(256, ge=1)
+    """Responses generated at once during evaluation."""
+
+
+class LogConfig(Section):
+    progress: bool = True
+    """Show a progress bar with ETA and live reward."""
+    tensorboard: bool = False
+    """Also log to TensorBoard (extra: tensorboard)."""
+    wandb: bool = False
+    """Also log to Weights & Biases in offline mode (extra: wandb)."""
+    mlflow: bool = False
+    """Also log to MLflow with a local file store (extra: mlflow)."""
+
+
+class CheckpointConfig(Section):
+    every: int = Field(50, ge=0)
+    """Save every N steps (0: only at the end)."""
+    keep: int = Field(2, ge=1)
+    """Finished checkpoints kept (older ones are deleted)."""
+
+
+class RunConfig(Section):
+    output_dir: str = "runs/default"
+    """Folder of metrics.jsonl, checkpoints/, eval samples and summary.json."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+    @model_validator(mode="after")
+    def _minibatches_fit(self) -> RunConfig:
+        total = self.rollout.prompts_per_step * self.rollout.group_size
+        if total % self.train.num_minibatches:
+            raise ValueError(
+                f"train.num_minibatches={self.train.num_minibatches} must divide "
+                f"rollout.prompts_per_step * rollout.group_size = {total}"
+            )
+        return self
+
+
+class ConfigError(ValueError):
+    """A config problem, with the dotted key it concerns in the message."""
+
+
+def _check_keys(data: Any, model: type[BaseModel], prefix: str = "") -> None:
+    """Raise ConfigError naming an unknown key and its nearest valid spelling."""
+    if not isinstance(data, dict):
+        return
+    fields = model.model_fields
+    for key, value in data.items():
+        if key not in fields:
+            near = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.5)
+            hint = f"; did you mean '{prefix}{near[0]}'?" if near else f"; valid keys: {', '.join(fields)}"
+            raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
+        annotation = fields[key].annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            _check_keys(value, annotation, f"{prefix}{key}.")
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"cannot set '{dotted}': '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'train.max_steps=4' -> ('train.max_steps', 4); the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like section.key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {text!r} has no key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override '{key}': cannot parse value {raw!r}: {err}") from None
+    return key, value
+
+
+def build_config(data: dict[str, Any] | None = None, overrides: list[str] = ()) -> RunConfig:
+    """A validated RunConfig from a dict and 'dotted.key=value' overrides."""
+    data = dict(data or {})
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(data, key, value)
+    _check_keys(data, RunConfig)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        problems = []
+        for e in err.errors():
+            where = ".".join(str(p) for p in e["loc"]) or "config"
+            problems.append(f"'{where}': {e['msg']}")
+        raise ConfigError("invalid config: " + "; ".join(problems)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+    """Read a YAML recipe (None: all defaults) and apply dotted overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return build_config(data, overrides)
+
+
+def dump_config(config: RunConfig) -> str:
+    """The config as YAML, every field written out."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,457 @@
+"""The single-process RLVR trainer: rollouts -> rewards -> advantages -> clipped policy updates.
+
+One step, top to bottom (Trainer.train_step):
+  1. sample G responses for each of P prompts (DAPO dynamic sampling optionally refills
+     groups whose rewards are all equal) and score them with the task's verifier;
+  2. one forward of the policy (old log-probs, entropies) and, when the method needs it,
+     of the frozen reference model;
+  3. the estimator turns rewards into token advantages (N,T);
+  4. ppo_epochs x num_minibatches updates: policy forward, policy loss, backward
+     (micro-batches normalised by the minibatch's token count), grad clipping, AdamW.
+With one epoch and one minibatch and no micro-batching, steps 2 and 4 share a single
+forward: on-policy, π_old = π_θ at that point, so its detached log-probs are ℓ^old.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from pivotrl.algorithms import (
+    ESTIMATORS,
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    TokenBatch,
+    compute_advantages,
+    compute_policy_loss,
+    default_loss_agg_mode,
+    estimator_diagnostics,
+    estimator_requirements,
+    loss_requirements,
+)
+from pivotrl.evaluation import evaluate_policy
+from pivotrl.modeling.policy import describe, frozen_copy, load_policy
+from pivotrl.rewards.safe import safe_score
+from pivotrl.rollout import Rollout, concat_rollouts, make_engine, select_rows
+from pivotrl.tasks import get_task
+from pivotrl.train import checkpoint as ckpt
+from pivotrl.train.config import ConfigError, RunConfig, dump_config
+from pivotrl.train.forward import response_logprobs
+from pivotrl.train.loggers import MetricsLogger, truncate_metrics
+
+
+class TrainingAborted(RuntimeError):
+    """The run stopped on purpose (e.g. repeated NaN losses); the last checkpoint is intact."""
+
+
+def preflight(config: RunConfig) -> tuple[frozenset[str], frozenset[str]]:
+    """Check the algorithm section before anything is loaded; return (estimator, loss) requirements."""
+    alg = config.algorithm
+    if alg.estimator not in ESTIMATORS:
+        raise ConfigError(f"algorithm.estimator={alg.estimator!r} is unknown; known: {', '.join(sorted(ESTIMATORS))}")
+    if alg.policy_loss not in POLICY_LOSSES:
+        raise ConfigError(f"algorithm.policy_loss={alg.policy_loss!r} is unknown; known: {', '.join(sorted(POLICY_LOSSES))}")
+    if alg.loss_agg_mode is not None and alg.loss_agg_mode not in LOSS_AGG_MODES:
+        raise ConfigError(f"algorithm.loss_agg_mode={alg.loss_agg_mode!r} is unknown; known: {', '.join(LOSS_AGG_MODES)}")
+    try:
+        est_needs = estimator_requirements(alg.estimator, **alg.estimator_kwargs)
+    except ValueError as err:
+        raise ConfigError(f"algorithm.estimator_kwargs: {err}") from None
+    try:
+        loss_needs = loss_requirements(alg.policy_loss, **alg.loss_kwargs)
+    except ValueError as err:
+        raise ConfigError(f"algorithm.loss_kwargs: {err}") from None
+    if "ref_logprobs" in est_needs | loss_needs and config.model.ref_model == "none":
+        who = alg.estimator if "ref_logprobs" in est_needs else alg.policy_loss
+        raise ConfigError(
+            f"{who!r} needs a reference model but model.ref_model is 'none': unset model.ref_model "
+            "(the initial policy is used) or give a path"
+        )
+    return est_needs, loss_needs
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, cache: int) -> torch.Tensor:
+    """DAPO's soft overlong penalty: 0 up to L_max - L_cache, linear to -1 at L_max, -1 beyond."""
+    start = max_len - cache
+    penalty = (start - lengths.to(torch.float32)) / cache
+    return torch.where(lengths <= start, 0.0, torch.where(lengths > max_len, -1.0, penalty))
+
+
+def _rows(batch: TokenBatch, rows: torch.Tensor) -> TokenBatch:
+    """The responses `rows` of a batch."""
+    pick = lambda x: None if x is None else x[rows]  # noqa: E731
+    return TokenBatch(batch.rewards[rows], batch.group_index[rows], batch.response_mask[rows],
+                      batch.old_logprobs[rows], pick(batch.ref_logprobs), pick(batch.entropies))
+
+
+def _mean_metrics(items: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for m in items for k in m}
+    return {k: sum(m[k] for m in items if k in m) / sum(1 for m in items if k in m) for k in keys}
+
+
+class Trainer:
+    """Owns the policy, reference, optimizer, data order and RNGs of one run."""
+
+    def __init__(self, config: RunConfig, *, resume: bool = False, console: Console | None = None) -> None:
+        self.config = config
+        self.console = console or Console()
+        self.out = Path(config.output_dir)
+        self.est_needs, self.loss_needs = preflight(config)
+        cfg = config
+        if cfg.train.num_threads:
+            torch.set_num_threads(cfg.train.num_threads)
+        torch.manual_seed(cfg.train.seed)
+        self.task = get_task(cfg.task.name, **cfg.task.options)
+        self.train_problems = self.task.problems("train")
+        self.eval_problems = self.task.problems("test")[: cfg.eval.num_problems]
+        if not self.train_problems:
+            raise ConfigError(f"task.name={cfg.task.name!r} has no training problems")
+        self.model, self.tokenizer = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype,
+                                                 device=cfg.model.device, seed=cfg.train.seed, arch=cfg.model.arch)
+        self.ref = None
+        if "ref_logprobs" in self.est_needs | self.loss_needs:
+            if cfg.model.ref_model is None:
+                self.ref = frozen_copy(self.model)
+            else:
+                self.ref = frozen_copy(load_policy(cfg.model.ref_model, dtype=cfg.model.dtype,
+                                                   device=cfg.model.device)[0])
+        self.step = 0
+        self.elapsed = 0.0
+        self.nan_steps = 0
+        self.data_generator = torch.Generator().manual_seed(cfg.train.seed + 1)
+        self.sample_generator = torch.Generator().manual_seed(cfg.train.seed + 2)
+        self.shuffle_generator = torch.Generator().manual_seed(cfg.train.seed + 3)
+        self.order = torch.randperm(len(self.train_problems), generator=self.data_generator)
+        self.position = 0
+        self.before: dict[str, Any] | None = None
+        latest = ckpt.latest_checkpoint(self.out / "checkpoints") if resume else None
+        if latest is not None:
+            self._load_weights(latest)
+        self.model.train()
+        if cfg.model.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer,
+                                  max_prompt_tokens=cfg.rollout.max_prompt_tokens)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr, betas=cfg.train.adam_betas,
+                                           weight_decay=cfg.train.weight_decay)
+        if latest is not None:
+            self._load_state(latest)
+            self.console.print(f"resumed from {latest} (step {self.step})")
+        elif resume:
+            self.console.print(f"--resume: no checkpoint in {self.out / 'checkpoints'}, starting fresh")
+        truncate_metrics(self.out / "metrics.jsonl", self.step)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.yaml").write_text(dump_config(config))
+        self.logger = MetricsLogger(self.out, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb,
+                                    mlflow=cfg.log.mlflow, config=config.model_dump(mode="json"),
+                                    run_name=self.out.name)
+
+    # -- schedule, data ------------------------------------------------------
+    def _lr_factor(self, step: int) -> float:
+        """Linear warm-up, then cosine decay to min_lr_ratio: a pure function of the step."""
+        t = self.config.train
+        if t.warmup_steps and step < t.warmup_steps:
+            return (step + 1) / t.warmup_steps
+        span = max(t.max_steps - t.warmup_steps, 1)
+        progress = min(max(step - t.warmup_steps, 0) / span, 1.0)
+        return t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def next_problems(self, count: int) -> list:
+        """The next `count` training problems in the run's shuffled order (reshuffled each epoch)."""
+        picked = []
+        while len(picked) < count:
+            if self.position >= len(self.order):
+                self.order = torch.randperm(len(self.train_problems), generator=self.data_generator)
+                self.position = 0
+            take = min(count - len(picked), len(self.order) - self.position)
+            picked.extend(self.train_problems[i] for i in self.order[self.position : self.position + take].tolist())
+            self.position += take
+        return picked
+
+    def prompts_for(self, problems: list) -> list[str]:
+        """The model-facing text of each problem (plain template or the tokenizer's chat template)."""
+        chat = self.config.model.chat_template
+        return [self.task.format_prompt(p, self.tokenizer, chat=chat) for p in problems]
+
+    # -- one step -------------------------------------------------------------
+    def collect(self) -> tuple[Rollout, torch.Tensor, torch.Tensor, dict[str, float]]:
+        """Rollouts, shaped rewards (N,) and raw verifier scores (N,), with DAPO dynamic sampling."""
+        r = self.config.rollout
+        parts, score_parts, kept_groups, sampled_groups, rounds = [], [], 0, 0, 0
+        while True:
+            need = r.prompts_per_step - kept_groups if r.dynamic_sampling else r.prompts_per_step
+            problems = self.next_problems(need)
+            rollout = self.engine.generate(self.prompts_for(problems), r.group_size, max_new_tokens=r.max_new_tokens,
+                                           temperature=r.temperature, top_p=r.top_p, generator=self.sample_generator)
+            scores = torch.tensor([safe_score(self.task.verifier, text, problems[i // r.group_size].answer)
+                                   for i, text in enumerate(rollout.texts)], dtype=torch.float32)
+            sampled_groups += len(problems)
+            if r.dynamic_sampling:
+                grouped = scores.view(-1, r.group_size)
+                mixed = (grouped.max(dim=1).values != grouped.min(dim=1).values).nonzero().squeeze(1)
+                rows = (mixed.unsqueeze(1) * r.group_size + torch.arange(r.group_size)).reshape(-1)
+                rollout, scores = select_rows(rollout, rows), scores[rows]
+                kept_groups += mixed.numel()
+            if rollout.texts:
+                parts.append(rollout)
+                score_parts.append(scores)
+            rounds += 1
+            if not r.dynamic_sampling or kept_groups >= r.prompts_per_step or rounds > r.max_resample_rounds:
+                break
+        info = {"rollout/sampled_groups": float(sampled_groups), "rollout/rounds": float(rounds)}
+        if not parts:
+            return None, None, None, info
+        rollout = concat_rollouts(parts, self.tokenizer.pad_token_id)
+        scores = torch.cat(score_parts)
+        rewards = scores.clone()
+        if r.overlong_shaping:
+            lengths = rollout.response_mask.sum(dim=1).cpu()
+            rewards = rewards + overlong_penalty(lengths, r.max_new_tokens, r.overlong_cache)
+        return rollout, rewards, scores, info
+
+    def _forward(self, model: torch.nn.Module, rollout: Rollout, rows: torch.Tensor | None = None):
+        m, r = self.config.model, self.config.rollout
+        return response_logprobs(model, rollout, rows, temperature=r.temperature, chunk_size=m.logprob_chunk_size)
+
+    def _forward_all_no_grad(self, model: torch.nn.Module, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs, entropies) of every response, in micro-batches, without gradients."""
+        n = rollout.response_ids.shape[0]
+        size = self.config.train.micro_batch_size or n
+        with torch.no_grad():
+            outs = [self._forward(model, rollout, torch.arange(i, min(i + size, n))) for i in range(0, n, size)]
+        return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+
+    def train_step(self) -> dict[str, Any]:
+        """One RLVR step; returns its metrics."""
+        cfg, alg = self.config, self.config.algorithm
+        start = time.perf_counter()
+        lr = cfg.train.lr * self._lr_factor(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        rollout, rewards, scores, info = self.collect()
+        metrics: dict[str, Any] = {"step": self.step + 1, "lr": lr, **info}
+        if rollout is None:  # dynamic sampling found no group with mixed rewards
+            metrics.update({"skipped": True, "time/step_s": time.perf_counter() - start})
+            return metrics
+        device = rollout.response_ids.device
+        mask = rollout.response_mask
+        rewards, group_index = rewards.to(device), rollout.group_index.to(device)
+        ref_lp = self._forward_all_no_grad(self.ref, rollout)[0] if self.ref is not None else None
+        mode = alg.loss_agg_mode or default_loss_agg_mode(alg.policy_loss)
+        fused = cfg.train.ppo_epochs == 1 and cfg.train.num_minibatches == 1 and (
+            cfg.train.micro_batch_size is None or cfg.train.micro_batch_size >= mask.shape[0])
+        self.model.train()
+        loss_metrics: list[dict[str, float]] = []
+        grad_norms: list[float] = []
+        est_time = 0.0
+        bad = False
+        if fused:
+            logprobs, entropies = self._forward(self.model, rollout)
+            batch = TokenBatch(rewards, group_index, mask, logprobs.detach(), ref_lp, entropies.detach())
+            t_est = time.perf_counter()
+            advantages = compute_advantages(alg.estimator, batch, **alg.estimator_kwargs)
+            est_time = time.perf_counter() - t_est
+            loss, lm = compute_policy_loss(alg.policy_loss, batch, advantages=advantages, logprobs=logprobs,
+                                           entropies_new=entropies, loss_agg_mode=mode, **alg.loss_kwargs)
+            bad |= self._backward_and_step(loss, grad_norms)
+            loss_metrics.append(lm)
+        else:
+            old_lp, entropies = self._forward_all_no_grad(self.model, rollout)
+            batch = TokenBatch(rewards, group_index, mask, old_lp, ref_lp, entropies)
+            t_est = time.perf_counter()
+            advantages = compute_advantages(alg.estimator, batch, **alg.estimator_kwargs)
+            est_time = time.perf_counter() - t_est
+            n = mask.shape[0]
+            per_mb = n // cfg.train.num_minibatches
+            micro = cfg.train.micro_batch_size or per_mb
+            for _ in range(cfg.train.ppo_epochs):
+                order = torch.randperm(n, generator=self.shuffle_generator).to(device)
+                for mb in range(cfg.train.num_minibatches):
+                    rows = order[mb * per_mb : (mb + 1) * per_mb]
+                    sub_mask = mask[rows]
+                    n_tokens = max(int(sub_mask.sum()), 1)
+                    n_seqs = len(rows) if mode == "seq-mean-token-sum-norm" else max(int((sub_mask.sum(1) > 0).sum()), 1)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    total = 0.0
+                    for i in range(0, len(rows), micro):
+                        part = rows[i : i + micro]
+                        logprobs, entropies_new = self._forward(self.model, rollout, part)
+                        loss, lm = compute_policy_loss(
+                            alg.policy_loss, _rows(batch, part), advantages=advantages[part], logprobs=logprobs,
+                            entropies_new=entropies_new, loss_agg_mode=mode, max_len=mask.shape[1],
+                            global_num_tokens=n_tokens, global_num_seqs=n_seqs, **alg.loss_kwargs)
+                        loss.backward()
+                        total += float(loss.detach())
+                        loss_metrics.append(lm)
+                    bad |= self._clip_and_step(total, grad_norms)
+        self.nan_steps = self.nan_steps + 1 if bad else 0
+        elapsed = time.perf_counter() - start
+        lengths = mask.sum(dim=1).float()
+        diag = estimator_diagnostics(batch, advantages)
+        lm = _mean_metrics(loss_metrics)
+        n_tokens = float(lengths.sum())
+        metrics.update({
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            "accuracy": float((scores >= 1.0).float().mean()),
+            "response_length/mean": float(lengths.mean()),
+            "response_length/max": float(lengths.max()),
+            "truncated/frac": float(rollout.truncated.float().mean()),
+            "entropy/mean": diag.get("entropy/mean", float("nan")),
+            "pivots/frac": diag.get("pivots/frac", float("nan")),
+            "clip/frac": lm.get("clip/frac", 0.0),
+            "kl/mean": lm.get("kl/old_approx", 0.0),
+            "loss": lm.get("loss", float("nan")),
+            "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
+            "time/step_s": elapsed,
+            "time/estimator_s": est_time,
+            "tokens_per_s": n_tokens / elapsed if elapsed > 0 else 0.0,
+            **{f"diag/{k}": v for k, v in diag.items()},
+            **{f"loss/{k}": v for k, v in lm.items() if k != "loss"},
+        })
+        if "kl/ref" in lm:
+            metrics["kl/ref"] = lm["kl/ref"]
+        if bad:
+            metrics["skipped"] = True
+        return metrics
+
+    def _backward_and_step(self, loss: torch.Tensor, grad_norms: list[float]) -> bool:
+        self.optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss):
+            grad_norms.append(float("nan"))
+            return True
+        loss.backward()
+        return self._clip_and_step(float(loss.detach()), grad_norms)
+
+    def _clip_and_step(self, loss_value: float, grad_norms: list[float]) -> bool:
+        """Clip and apply the gradients; skip the update (True) when the loss or gradient is not finite."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.config.train.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
+        grad_norms.append(float(norm))
+        if not math.isfinite(loss_value) or not torch.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            return True
+        self.optimizer.step()
+        return False
+
+    # -- evaluation -----------------------------------------------------------
+    def evaluate(self, tag: str) -> dict[str, Any]:
+        """Held-out evaluation of the current policy; writes eval/<tag>.json and eval/<tag>_samples.jsonl."""
+        e, r = self.config.eval, self.config.rollout
+        result = evaluate_policy(
+            self.engine, self.task, self.eval_problems, prompts=self.prompts_for(self.eval_problems),
+            samples_per_problem=e.samples_per_problem, temperature=e.temperature,
+            max_new_tokens=e.max_new_tokens or r.max_new_tokens, batch_size=e.batch_size,
+            seed=self.config.train.seed + 10_000, samples_path=self.out / "eval" / f"{tag}_samples.jsonl",
+        )
+        (self.out / "eval" / f"{tag}.json").write_text(json.dumps(result, indent=2))
+        return result
+
+    # -- checkpoints ----------------------------------------------------------
+    def save(self) -> Path:
+        """Checkpoint the current step atomically."""
+        state = {
+            "step": self.step, "elapsed": self.elapsed, "nan_steps": self.nan_steps,
+            "optimizer": self.optimizer.state_dict(),
+            "rng": ckpt.rng_states(), "data_generator": self.data_generator.get_state(),
+            "sample_generator": self.sample_generator.get_state(),
+            "shuffle_generator": self.shuffle_generator.get_state(),
+            "order": self.order, "position": self.position, "before": self.before,
+        }
+        return ckpt.save_checkpoint(self.out / "checkpoints", self.step, model=self.model, tokenizer=self.tokenizer,
+                                    state=state, keep=self.config.checkpoint.keep)
+
+    def _load_weights(self, path: Path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        device, dtype = next(self.model.parameters()).device, next(self.model.parameters()).dtype
+        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
+
+    def _load_state(self, path: Path) -> None:
+        state = ckpt.load_state(path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        ckpt.restore_rng_states(state["rng"])
+        self.data_generator.set_state(state["data_generator"])
+        self.sample_generator.set_state(state["sample_generator"])
+        self.shuffle_generator.set_state(state["shuffle_generator"])
+        self.order, self.position = state["order"], state["position"]
+        self.step, self.elapsed, self.nan_steps = state["step"], state["elapsed"], state["nan_steps"]
+        self.before = state["before"]
+
+    # -- the loop -------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Train to train.max_steps (evaluating and checkpointing on the way); returns the summary."""
+        cfg = self.config
+        self.console.print(f"[bold]pivotrl train[/] {cfg.algorithm.estimator} + {cfg.algorithm.policy_loss} on "
+                           f"{cfg.task.name}: {describe(self.model)}; output {self.out}")
+        started = time.perf_counter()
+        elapsed_before = self.elapsed
+        try:
+            if cfg.eval.before_after and self.before is None:
+                self.before = self.evaluate("step-000000")
+                self.console.print(f"held-out accuracy before: {self.before['accuracy']:.3f}")
+            with self._progress() as progress:
+                task_id = progress.add_task("train", total=cfg.train.max_steps, completed=self.step, reward="")
+                while self.step < cfg.train.max_steps:
+                    metrics = self.train_step()
+                    self.step += 1
+                    self.elapsed = elapsed_before + time.perf_counter() - started
+                    if self.nan_steps >= cfg.train.max_nan_steps:
+                        raise TrainingAborted(
+                            f"{self.nan_steps} consecutive steps with a NaN/inf loss or gradient at step {self.step}: "
+                            f"stopped; the last checkpoint in {self.out / 'checkpoints'} is intact. "
+                            "Lower train.lr or check the reward function.")
+                    if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.max_steps:
+                        result = self.evaluate(f"step-{self.step:06d}")
+                        metrics.update({f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))})
+                    self.logger.log(metrics)
+                    progress.update(task_id, advance=1, reward=f"reward {metrics.get('reward/mean', float('nan')):.3f}")
+                    if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
+                        self.save()
+            self.save()
+            summary = self._finish(elapsed_before + time.perf_counter() - started)
+        finally:
+            self.logger.close()
+        return summary
+
+    def _progress(self) -> Progress:
+        return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[reward]}"), TimeElapsedColumn(), TextColumn("ETA"),
+                        TimeRemainingColumn(), console=self.console, disable=not self.config.log.progress)
+
+    def _finish(self, wall_time: float) -> dict[str, Any]:
+        summary: dict[str, Any] = {"steps": self.step, "estimator": self.config.algorithm.estimator,
+                                   "policy_loss": self.config.algorithm.policy_loss, "wall_time_s": wall_time}
+        if self.config.eval.before_after:
+            after = self.evaluate(f"step-{self.step:06d}")
+            before = self.before or {}
+            summary.update({
+                "heldout_accuracy_before": before.get("accuracy"), "heldout_accuracy_after": after["accuracy"],
+                "mean_length_before": before.get("mean_length"), "mean_length_after": after["mean_length"],
+                "eval_problems": after["num_problems"], "eval_samples_per_problem": after["samples_per_problem"],
+            })
+            table = Table(title=f"held-out {self.config.task.name} ({after['num_problems']} problems)")
+            for col in ("", "before", "after"):
+                table.add_column(col, justify="right")
+            table.add_row("accuracy", f"{before.get('accuracy', float('nan')):.3f}", f"{after['accuracy']:.3f}")
+            table.add_row("mean length", f"{before.get('mean_length', float('nan')):.1f}", f"{after['mean_length']:.1f}")
+            self.console.print(table)
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.console.print(f"wall time {wall_time:.0f} s; summary in {self.out / 'summary.json'}")
+        return summary

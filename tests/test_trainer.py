@@ -1,0 +1,175 @@
+"""The trainer end to end on smoke.yaml: every estimator and loss, errors, NaN abort, kill and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from pivotrl.algorithms import ESTIMATORS, POLICY_LOSSES
+from pivotrl.train.config import ConfigError, load_config
+from pivotrl.train.recipes import recipe_path
+from pivotrl.train.trainer import Trainer, TrainingAborted
+
+SMOKE = recipe_path("smoke")
+TIMING_KEYS = ("time/", "tokens_per_s")
+
+
+def smoke(tmp_path: Path, *overrides: str):
+    return load_config(SMOKE, [f"output_dir={tmp_path}", *overrides])
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def without_timings(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING_KEYS)} for r in records]
+
+
+@pytest.mark.parametrize("estimator", sorted(ESTIMATORS))
+def test_every_estimator_runs_four_steps(tmp_path: Path, estimator: str) -> None:
+    summary = Trainer(smoke(tmp_path, f"algorithm.estimator={estimator}", "eval.before_after=false")).run()
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records] == [1, 2, 3, 4] and summary["steps"] == 4
+    for key in ("reward/mean", "reward/std", "accuracy", "response_length/mean", "entropy/mean", "pivots/frac",
+                "clip/frac", "kl/mean", "loss", "grad_norm", "time/step_s", "tokens_per_s"):
+        assert key in records[-1], key
+    assert (tmp_path / "checkpoints" / "step-000004" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("loss", sorted(POLICY_LOSSES))
+def test_every_policy_loss_runs_with_minibatches_and_epochs(tmp_path: Path, loss: str) -> None:
+    cfg = smoke(tmp_path, f"algorithm.policy_loss={loss}", "algorithm.estimator=grpo", "train.ppo_epochs=2",
+                "train.num_minibatches=2", "train.micro_batch_size=4", "eval.before_after=false")
+    Trainer(cfg).run()
+    records = read_metrics(tmp_path)
+    assert len(records) == 4 and all(r["loss"] is not None for r in records)
+
+
+def test_summary_and_before_after_table(tmp_path: Path) -> None:
+    summary = Trainer(smoke(tmp_path)).run()
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    for key in ("heldout_accuracy_before", "heldout_accuracy_after", "mean_length_before", "mean_length_after",
+                "wall_time_s"):
+        assert key in on_disk and on_disk[key] is not None
+    assert summary == on_disk
+    samples = (tmp_path / "eval" / "step-000004_samples.jsonl").read_text().splitlines()
+    assert len(samples) == 8 and {"completion", "reward", "answer"} <= set(json.loads(samples[0]))
+
+
+def test_dynamic_sampling_and_overlong_shaping(tmp_path: Path) -> None:
+    cfg = smoke(tmp_path, "rollout.dynamic_sampling=true", "rollout.max_resample_rounds=1",
+                "rollout.overlong_shaping=true", "rollout.overlong_cache=4", "algorithm.estimator=grpo",
+                "eval.before_after=false")
+    Trainer(cfg).run()
+    records = read_metrics(tmp_path)
+    # a random model never solves countdown: every group is all-zero, dynamic sampling drops it
+    assert all(r["rollout/rounds"] == 2 for r in records)
+    assert all(r.get("skipped") for r in records)
+
+
+def test_overlong_penalty_values() -> None:
+    from pivotrl.train.trainer import overlong_penalty
+
+    # L_max 10, L_cache 4: 0 up to 6, then (6 - L)/4, -1 beyond 10
+    got = overlong_penalty(torch.tensor([3, 6, 7, 9, 10, 11]), 10, 4)
+    torch.testing.assert_close(got, torch.tensor([0.0, 0.0, -0.25, -0.75, -1.0, -1.0]))
+
+
+@pytest.mark.parametrize("override,key", [
+    ("train.max_step=3", "train.max_steps"), ("rolout.group_size=2", "rollout"),
+    ("algorithm.estimator=erpoo", "algorithm.estimator"), ("algorithm.policy_loss=ppo2", "algorithm.policy_loss"),
+    ("algorithm.estimator_kwargs={gama: 1}", "algorithm.estimator_kwargs"),
+    ("algorithm.loss_kwargs={eps: 1}", "algorithm.loss_kwargs"), ("rollout.top_p=3", "rollout.top_p"),
+    ("train.num_minibatches=3", "train.num_minibatches"), ("algorithm.loss_agg_mode=mean", "algorithm.loss_agg_mode"),
+    ("model.ref_model=none", "model.ref_model"), ("train.lr=fast", "train.lr"),
+])
+def test_config_errors_name_their_key(tmp_path: Path, override: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        cfg = smoke(tmp_path, override)
+        Trainer(cfg)
+
+
+def test_yaml_unknown_nested_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  seed: 1\n  warmup: 3\n")
+    with pytest.raises(ConfigError, match=r"'train\.warmup'.*'train\.warmup_steps'"):
+        load_config(bad)
+
+
+def test_a_raising_reward_counts_zero_and_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    trainer = Trainer(smoke(tmp_path, "train.max_steps=1", "eval.before_after=false"))
+
+    def broken(completion: str, answer: object) -> float:
+        raise RuntimeError("verifier exploded")
+
+    trainer.task.verifier = broken
+    with caplog.at_level("WARNING", logger="pivotrl.rewards"):
+        trainer.run()
+    assert read_metrics(tmp_path)[0]["reward/mean"] == 0.0
+    assert "verifier exploded" in caplog.text
+
+
+def test_repeated_nan_losses_abort_and_keep_the_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pivotrl.train.trainer as trainer_module
+
+    trainer = Trainer(smoke(tmp_path, "train.max_steps=8", "checkpoint.every=1", "eval.before_after=false",
+                            "algorithm.estimator=grpo", "train.max_nan_steps=3"))
+    real_loss = trainer_module.compute_policy_loss
+
+    def nan_after_step_two(*args, **kwargs):
+        loss, metrics = real_loss(*args, **kwargs)
+        return (loss * float("nan"), metrics) if trainer.step >= 2 else (loss, metrics)
+
+    monkeypatch.setattr(trainer_module, "compute_policy_loss", nan_after_step_two)
+    with pytest.raises(TrainingAborted, match="3 consecutive steps with a NaN"):
+        trainer.run()
+    # NaN steps 3, 4, 5 skip their update; the run stops at step 5 without saving it, and the
+    # checkpoints it kept (steps 3 and 4, keep=2) hold the last finite weights
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert saved == ["step-000003", "step-000004"]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4]
+    weights = load_safetensors(tmp_path / "checkpoints" / "step-000004" / "model.safetensors")
+    assert all(torch.isfinite(w).all() for w in weights.values())
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def run_cli(out: Path, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "pivotrl.cli", "train", "--config", str(SMOKE), "--output-dir", str(out),
+           "train.max_steps=6", "checkpoint.every=1", "checkpoint.keep=2", "eval.num_problems=4", *extra]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONHASHSEED": "0"})
+
+
+def test_sigkill_and_resume_gives_identical_metrics(tmp_path: Path) -> None:
+    reference = run_cli(tmp_path / "straight")
+    assert reference.wait(timeout=300) == 0, reference.stderr.read().decode()
+    victim = run_cli(tmp_path / "killed")
+    deadline = time.time() + 300
+    metrics = tmp_path / "killed" / "metrics.jsonl"
+    while time.time() < deadline:  # kill mid-run, once three steps are logged
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert any((tmp_path / "killed" / "checkpoints").glob("step-*")), "killed before any checkpoint"
+    resumed = run_cli(tmp_path / "killed", "--resume")
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read().decode()
+    assert without_timings(read_metrics(tmp_path / "killed")) == without_timings(read_metrics(tmp_path / "straight"))
+    straight = json.loads((tmp_path / "straight" / "summary.json").read_text())
+    again = json.loads((tmp_path / "killed" / "summary.json").read_text())
+    assert {k: v for k, v in again.items() if k != "wall_time_s"} == {k: v for k, v in straight.items() if k != "wall_time_s"}
