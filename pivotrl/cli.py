@@ -78,5 +78,50 @@ def train(
         raise typer.Exit(2) from None
 
 
+@app.command("eval")
+def eval_command(
+    model: Annotated[str, typer.Option("--model", help="'tiny', a checkpoint folder or a hub id")] = "tiny",
+    task: Annotated[str | None, typer.Option("--task", help="Task name (countdown, gsm8k, math500, ...)")] = None,
+    data: Annotated[Path | None, typer.Option("--data", help="A jsonl/parquet file of problems instead of --task")] = None,
+    question_field: Annotated[str, typer.Option(help="Question field of --data")] = "question",
+    answer_field: Annotated[str, typer.Option(help="Answer field of --data")] = "answer",
+    verifier: Annotated[str, typer.Option(help="Verifier of --data (math, countdown, arithmetic)")] = "math",
+    num_problems: Annotated[int, typer.Option("--num-problems", "-n", help="First N held-out problems")] = 500,
+    k: Annotated[int, typer.Option("-k", help="Samples per problem")] = 1,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature")] = 1.0,
+    max_new_tokens: Annotated[int, typer.Option(help="Longest response")] = 34,
+    batch_size: Annotated[int, typer.Option(help="Responses generated at once")] = 256,
+    chat: Annotated[bool, typer.Option(help="Use the tokenizer's chat template")] = False,
+    seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda")] = "auto",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Samples jsonl (default: eval_samples.jsonl)")] = None,
+) -> None:
+    """Evaluate a policy: pass@1 averaged over k samples, pass@k, maj@k, mean length."""
+    import json
+
+    from pivotrl.evaluation import evaluate_policy
+    from pivotrl.modeling.policy import load_policy
+    from pivotrl.rollout import make_engine
+    from pivotrl.tasks import get_task
+
+    if (task is None) == (data is None):
+        typer.secho("error: give exactly one of --task NAME or --data FILE", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2)
+    try:
+        the_task = get_task(task) if task is not None else get_task(
+            "file", path=str(data), question_field=question_field, answer_field=answer_field, verifier=verifier)
+        problems = the_task.problems("test")[:num_problems]
+        policy, tokenizer = load_policy(model, device=device)
+    except (KeyError, ValueError, FileNotFoundError) as err:
+        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    engine = make_engine("hf", policy, tokenizer)
+    prompts = [the_task.format_prompt(p, tokenizer, chat=chat) for p in problems]
+    result = evaluate_policy(engine, the_task, problems, prompts=prompts, samples_per_problem=k,
+                             temperature=temperature, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                             seed=seed, samples_path=output or Path("eval_samples.jsonl"))
+    typer.echo(json.dumps(result, indent=2))
+
+
 if __name__ == "__main__":
     app()

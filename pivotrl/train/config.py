@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -110,6 +111,8 @@ class TrainConfig(Section):
 
 
 class EvalConfig(Section):
+    task: TaskConfig | None = None
+    """Held-out task when it differs from the training task (None: the training task's held-out split)."""
     every: int = Field(0, ge=0)
     """Evaluate every N steps during training (0: only before and after)."""
     before_after: bool = True
@@ -167,6 +170,9 @@ class RunConfig(Section):
         return self
 
 
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 class ConfigError(ValueError):
     """A config problem, with the dotted key it concerns in the message."""
 
@@ -209,6 +215,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as err:
         raise ConfigError(f"override '{key}': cannot parse value {raw!r}: {err}") from None
+    if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):  # YAML 1.1 reads 3e-4 as a string
+        value = float(value)
     return key, value
 
 
@@ -229,19 +237,37 @@ def build_config(data: dict[str, Any] | None = None, overrides: list[str] = ()) 
         raise ConfigError("invalid config: " + "; ".join(problems)) from None
 
 
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A recipe as a dict; a top-level `base: NAME_OR_PATH` is read first and deep-merged under it."""
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    if path.resolve() in seen:
+        raise ConfigError(f"'base' of {path} makes a cycle")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    base_path = Path(base) if str(base).endswith((".yaml", ".yml")) else path.parent / f"{base}.yaml"
+    if not base_path.is_absolute() and not base_path.is_file():
+        base_path = path.parent / base_path
+    return _deep_merge(_read_yaml(base_path, (*seen, path.resolve())), data)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
-    """Read a YAML recipe (None: all defaults) and apply dotted overrides."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    """Read a YAML recipe (None: all defaults; `base:` inherits another recipe) and apply dotted overrides."""
+    data = _read_yaml(Path(path)) if path is not None else {}
     return build_config(data, overrides)
 
 

@@ -118,7 +118,8 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         self.task = get_task(cfg.task.name, **cfg.task.options)
         self.train_problems = self.task.problems("train")
-        self.eval_problems = self.task.problems("test")[: cfg.eval.num_problems]
+        self.eval_task = get_task(cfg.eval.task.name, **cfg.eval.task.options) if cfg.eval.task else self.task
+        self.eval_problems = self.eval_task.problems("test")[: cfg.eval.num_problems] if cfg.eval.before_after or cfg.eval.every else []
         if not self.train_problems:
             raise ConfigError(f"task.name={cfg.task.name!r} has no training problems")
         self.model, self.tokenizer = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype,
@@ -354,8 +355,10 @@ class Trainer:
     def evaluate(self, tag: str) -> dict[str, Any]:
         """Held-out evaluation of the current policy; writes eval/<tag>.json and eval/<tag>_samples.jsonl."""
         e, r = self.config.eval, self.config.rollout
+        chat = self.config.model.chat_template
+        prompts = [self.eval_task.format_prompt(p, self.tokenizer, chat=chat) for p in self.eval_problems]
         result = evaluate_policy(
-            self.engine, self.task, self.eval_problems, prompts=self.prompts_for(self.eval_problems),
+            self.engine, self.eval_task, self.eval_problems, prompts=prompts,
             samples_per_problem=e.samples_per_problem, temperature=e.temperature,
             max_new_tokens=e.max_new_tokens or r.max_new_tokens, batch_size=e.batch_size,
             seed=self.config.train.seed + 10_000, samples_path=self.out / "eval" / f"{tag}_samples.jsonl",
@@ -446,7 +449,7 @@ class Trainer:
                 "mean_length_before": before.get("mean_length"), "mean_length_after": after["mean_length"],
                 "eval_problems": after["num_problems"], "eval_samples_per_problem": after["samples_per_problem"],
             })
-            table = Table(title=f"held-out {self.config.task.name} ({after['num_problems']} problems)")
+            table = Table(title=f"held-out {self.eval_task.name} ({after['num_problems']} problems)")
             for col in ("", "before", "after"):
                 table.add_column(col, justify="right")
             table.add_row("accuracy", f"{before.get('accuracy', float('nan')):.3f}", f"{after['accuracy']:.3f}")
