@@ -29,7 +29,7 @@ def entropy_gate(batch: TokenBatch, gid: Tensor, num_groups: int, gamma: float, 
     """W (N,T) = max(σ(γ·z), gate_min), z the entropy z-score over the group's valid tokens."""
     entropy = batch.field("entropies", "the ERPO gate (gate=True)")
     z = cell_zscore(entropy, batch.response_mask, gid, num_groups)
-    return torch.sigmoid(gamma * z).clamp(min=gate_min)
+    return z.mul_(gamma).sigmoid_().clamp_(min=gate_min)
 
 
 def progress_buckets(batch: TokenBatch, num_buckets: int, progress: str) -> Tensor:
@@ -40,16 +40,17 @@ def progress_buckets(batch: TokenBatch, num_buckets: int, progress: str) -> Tens
     a response with zero total entropy uses the position buckets.
     """
     mask = batch.response_mask
-    lengths = batch.lengths.unsqueeze(1).to(torch.int32)
-    # int32: int64 cumsum and division are several times slower on CPU
-    index = (mask.to(torch.int32).cumsum(dim=1, dtype=torch.int32) - 1).clamp(min=0)
-    buckets = torch.div(num_buckets * index, lengths.clamp(min=1), rounding_mode="floor")
+    lengths = batch.lengths.unsqueeze(1).to(torch.int32).clamp(min=1)
+    # int32 and in place: int64 cumsum and division are several times slower on CPU
+    index = mask.cumsum(dim=1, dtype=torch.int32).sub_(1).clamp_(min=0)
+    buckets = index.mul_(num_buckets).div_(lengths, rounding_mode="floor")
     if progress == "cumulative_entropy":
         spent = batch.field("entropies", "progress='cumulative_entropy'").clamp(min=0).cumsum(dim=1)
         total = spent[:, -1:]
         by_entropy = torch.floor(num_buckets * spent / torch.where(total > 0, total, 1.0))
         buckets = torch.where(total > 0, by_entropy.clamp(max=num_buckets - 1).to(torch.int32), buckets)
-    return torch.where(mask, buckets, 0).long()
+    # padding positions keep an in-range bucket; their values are zero, so they add nothing to a cell
+    return buckets.long()
 
 
 def normalised_process_signal(
@@ -59,7 +60,7 @@ def normalised_process_signal(
     """s̃ (N,T): β_p·(ℓ^old − ℓ^ref) z-scored within (group, bucket) cells (whole group if not buckets)."""
     old = batch.field("old_logprobs", "ERPO")
     ref = batch.field("ref_logprobs", "ERPO's process term (eta != 0)")
-    signal = beta_p * (old - ref)
+    signal = (old - ref).mul_(beta_p)
     cells = progress_buckets(batch, num_buckets, progress) if buckets else None
     return cell_zscore(signal, batch.response_mask, gid, num_groups, cells, num_buckets, eps=s_eps)
 
@@ -104,7 +105,7 @@ def erpo(
         adv = torch.where(mask, seq_adv, 0.0)
         weight: Tensor | float = 1.0
     else:
-        weight = torch.where(mask, entropy_gate(batch, gid, num_groups, gamma, gate_min), 0.0)
+        weight = entropy_gate(batch, gid, num_groups, gamma, gate_min).masked_fill_(~mask, 0.0)
         mean_weight = weight.sum(dim=1, keepdim=True) / batch.lengths.unsqueeze(1).clamp(min=1)
         adv = weight * (seq_adv / torch.where(mean_weight > 0, mean_weight, 1.0))
     if eta == 0:
@@ -122,7 +123,7 @@ def erpo(
             fallback = torch.sign(batch.rewards.to(seq_adv.dtype) - theta_r)
             direction = torch.where(stats.zero_variance, fallback, direction.squeeze(1)).unsqueeze(1)
     # s_tilde is 0 on padding, and so is adv
-    return adv + (weight * (eta * direction)) * s_tilde
+    return s_tilde.mul_(weight).mul_(eta * direction).add_(adv)
 
 
 @register_estimator("ep_grpo", requires=_erpo_requires)

@@ -79,10 +79,15 @@ def cell_zscore(
 
     count = cell_sums(m)
     mean = cell_sums(x) / count.clamp(min=1)
-    dev = (x - to_tokens(mean)) * m
-    var = cell_sums(dev * dev) / (count - 1).clamp(min=1)
+    dev = (x - to_tokens(mean)).mul_(m)  # in-place ops: no fresh (N,T) buffers on the hot path
+    if buckets is None:
+        squares = torch.linalg.vecdot(dev, dev).unsqueeze(1)
+        squares = squares.new_zeros(num_groups, 1).index_add_(0, gid, squares)[gid]
+    else:
+        squares = cell_sums(dev * dev)
+    var = squares / (count - 1).clamp(min=1)
     scale = torch.where(count >= 2, 1.0 / (var.sqrt() + eps), 0.0)
-    return dev * to_tokens(scale)
+    return dev.mul_(to_tokens(scale))
 
 
 def masked_quantile(x: Tensor, mask: Tensor, q: float) -> Tensor:
