@@ -31,7 +31,7 @@ def pretrain(
     minutes: float | None = typer.Option(None, help="Also stop after this many minutes (not reproducible)."),
     batch_size: int = typer.Option(64, help="Sequences per step."),
     lr: float = typer.Option(3e-3, help="Peak learning rate (cosine decay after warm-up)."),
-    threads: int = typer.Option(2, help="torch threads (fixed, for reproducible weights)."),
+    threads: int = typer.Option(1, help="torch threads (fixed, for reproducible weights)."),
     imperfect: float = typer.Option(0.3, help="Share of deliberately flawed worked solutions."),
     evaluate: bool = typer.Option(True, help="Measure held-out accuracy after training."),
     eval_only: bool = typer.Option(False, "--eval-only", help="Only measure --model (default: the shipped policy)."),
@@ -121,6 +121,47 @@ def eval_command(
                              temperature=temperature, max_new_tokens=max_new_tokens, batch_size=batch_size,
                              seed=seed, samples_path=output or Path("eval_samples.jsonl"))
     typer.echo(json.dumps(result, indent=2))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def compare(
+    ctx: typer.Context,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="Base recipe (default: configs/default.yaml)")] = None,
+    methods: Annotated[str, typer.Option(help="Comma-separated methods (estimators, or dapo, gspo, tepo, mpo)")] = "grpo,erpo",
+    seeds: Annotated[int, typer.Option(help="Seeds per method")] = 3,
+    output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Folder of the runs and the report")] = Path("runs/compare"),
+    ablate: Annotated[str | None, typer.Option(help="Ablate erpo or ep_grpo: full, no gate, no buckets, no anchor")] = None,
+) -> None:
+    """Train several methods with everything else equal, then write report.md and plots."""
+    from pivotrl.analysis.compare import run_comparison
+    from pivotrl.train.config import ConfigError
+    from pivotrl.train.trainer import TrainingAborted
+
+    try:
+        report = run_comparison(config, [m.strip() for m in methods.split(",") if m.strip()], seeds, output_dir,
+                                ablate=ablate, extra=list(ctx.args))
+    except (ConfigError, TrainingAborted, ValueError) as err:
+        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"report: {report}")
+
+
+@app.command()
+def report(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run folders (each with metrics.jsonl)")],
+    output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Where report.md and the plots go")] = Path("runs/report"),
+    baseline: Annotated[str, typer.Option(help="Method whose final accuracy the others race to")] = "grpo",
+) -> None:
+    """The plots and table of `compare` for existing run folders (from any machine or engine)."""
+    from pivotrl.analysis.report import write_report
+    from pivotrl.analysis.runs import read_run
+
+    try:
+        path = write_report([read_run(p) for p in run_dirs], output_dir, baseline=baseline, title="pivotrl report")
+    except ValueError as err:
+        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"report: {path}")
 
 
 if __name__ == "__main__":

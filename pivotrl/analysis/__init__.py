@@ -1,0 +1,1 @@
+"""Seeing what the methods do: run reports and plots, pivot analysis."""

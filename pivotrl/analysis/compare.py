@@ -1,0 +1,86 @@
+"""`pivotrl compare`: the same budget, data and seeds for several methods, one variable at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from pivotrl.algorithms import ESTIMATORS
+
+# method name -> config overrides on top of the user's recipe (everything else stays equal)
+PRESETS: dict[str, list[str]] = {
+    "dapo": ["algorithm.estimator=grpo", "algorithm.policy_loss=ppo", "algorithm.loss_agg_mode=token-mean",
+             "algorithm.loss_kwargs={eps_low: 0.2, eps_high: 0.28}", "rollout.dynamic_sampling=true",
+             "rollout.overlong_shaping=true"],
+    "gspo": ["algorithm.estimator=grpo", "algorithm.policy_loss=gspo",
+             "algorithm.loss_kwargs={eps_low: 3.0e-4, eps_high: 4.0e-4}"],
+    "tepo": ["algorithm.estimator=grpo", "algorithm.policy_loss=tepo", "train.num_minibatches=2",
+             "algorithm.loss_kwargs={eps_low: 0.2, eps_high: 0.28, beta_kl: 0.05}"],
+    "mpo": ["algorithm.estimator=grpo", "algorithm.policy_loss=mpo", "algorithm.loss_kwargs={block_size: 5}"],
+}
+ABLATIONS = {"full": {}, "no_gate": {"gate": False}, "no_buckets": {"buckets": False}, "no_anchor": {"anchor": False}}
+
+
+def method_overrides(method: str) -> list[str]:
+    """The overrides that turn the base recipe into `method` (an estimator name or a preset)."""
+    if method in PRESETS:
+        return list(PRESETS[method])
+    if method in ESTIMATORS:
+        return [f"algorithm.estimator={method}", "algorithm.policy_loss=ppo"]
+    known = ", ".join(sorted({*ESTIMATORS, *PRESETS}))
+    raise ValueError(f"unknown method {method!r}; known: {known}")
+
+
+def plan_runs(methods: list[str], seeds: int, ablate: str | None = None) -> list[tuple[str, int, list[str]]]:
+    """(label, seed, overrides) for every run of the comparison."""
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    variants: list[tuple[str, list[str]]] = []
+    if ablate is not None:
+        if ablate not in ("erpo", "ep_grpo"):
+            raise ValueError(f"--ablate takes erpo or ep_grpo, got {ablate!r}")
+        for name, kwargs in ABLATIONS.items():
+            flat = ", ".join(f"{k}: {str(v).lower()}" for k, v in kwargs.items())
+            variants.append((f"{ablate}:{name}", [f"algorithm.estimator={ablate}", f"algorithm.estimator_kwargs={{{flat}}}"]))
+        if "grpo" in methods:
+            variants.insert(0, ("grpo", method_overrides("grpo")))
+    else:
+        variants = [(m, method_overrides(m)) for m in methods]
+    return [(label, seed, overrides) for label, overrides in variants for seed in range(seeds)]
+
+
+def run_comparison(config: Path | None, methods: list[str], seeds: int, output_dir: Path, *,
+                   ablate: str | None = None, extra: list[str] = (), console: Console | None = None) -> Path:
+    """Train every (method, seed) not yet finished (resuming unfinished ones), then write the report."""
+    from pivotrl.analysis.report import write_report
+    from pivotrl.analysis.runs import read_run
+    from pivotrl.train.config import load_config
+    from pivotrl.train.recipes import default_config_path
+    from pivotrl.train.trainer import Trainer
+
+    console = console or Console()
+    plan = plan_runs(methods, seeds, ablate)
+    base = config if config is not None else default_config_path()
+    records = []
+    for i, (label, seed, overrides) in enumerate(plan, 1):
+        run_dir = output_dir / "runs" / f"{label.replace(':', '-')}-seed{seed}"
+        cfg = load_config(base, [*extra, *overrides, f"train.seed={seed}", f"output_dir={run_dir}"])
+        if (run_dir / "summary.json").is_file():
+            console.print(f"[{i}/{len(plan)}] {label} seed {seed}: done already ({run_dir})")
+        else:
+            console.print(f"[{i}/{len(plan)}] {label} seed {seed} -> {run_dir}")
+            Trainer(cfg, resume=True, console=console).run()
+        records.append(read_run(run_dir, label=label))
+    notes = _notes(base, extra, ablate)
+    return write_report(records, output_dir, title="pivotrl compare", notes=notes)
+
+
+def _notes(base: Path, extra: list[str], ablate: str | None) -> str:
+    parts: list[Any] = [f"Recipe `{base}`" + (f" with `{' '.join(extra)}`" if extra else "") + "; every run differs "
+                        "from the others only in the method (and the seed)."]
+    if ablate:
+        parts.append(f"Ablation of {ablate}: full, no gate (gate=false), no buckets (buckets=false), "
+                     "no anchor (anchor=false).")
+    return " ".join(parts)

@@ -1,0 +1,164 @@
+"""Plots and a markdown table comparing methods over seeds (`pivotrl report`, and `compare`'s output)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from pivotrl.analysis.runs import RunRecord  # noqa: E402
+
+# two-sided 95% Student t quantiles by degrees of freedom (1..30); normal beyond
+_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+PLOTS = {
+    "accuracy": ("held-out accuracy (pass@1)", "fraction of problems solved"),
+    "entropy/mean": ("policy entropy", "mean token entropy (nats)"),
+    "response_length/mean": ("response length", "mean response length (tokens)"),
+    "clip/frac": ("clip fraction", "fraction of tokens clipped"),
+}
+
+
+def mean_ci95(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% t-interval (0 for a single value)."""
+    if not values:
+        return math.nan, math.nan
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, 0.0
+    t = _T95[len(values) - 2] if len(values) - 1 <= len(_T95) else 1.96
+    return mean, t * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def by_method(runs: list[RunRecord]) -> dict[str, list[RunRecord]]:
+    """Runs grouped by method label, in first-seen order."""
+    groups: dict[str, list[RunRecord]] = defaultdict(list)
+    for run in runs:
+        groups[run.method].append(run)
+    return dict(groups)
+
+
+def eval_curve(run: RunRecord) -> tuple[list[int], list[float]]:
+    """(steps, held-out accuracy) from a run's evaluations."""
+    steps = sorted(run.evals)
+    return steps, [float(run.evals[s]["accuracy"]) for s in steps]
+
+
+def _aligned(curves: list[tuple[list[int], list[float]]]) -> tuple[list[int], list[list[float]]]:
+    """Steps present in every curve, and the values of each curve there."""
+    common = sorted(set.intersection(*(set(s) for s, _ in curves))) if curves else []
+    table = [[dict(zip(s, v, strict=True))[step] for s, v in curves] for step in common]
+    return common, table
+
+
+def plot_metric(groups: dict[str, list[RunRecord]], key: str, path: Path) -> Path:
+    """One PNG: the mean over seeds per method (line) and the min-max band over seeds."""
+    title, ylabel = PLOTS[key]
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    for method, runs in groups.items():
+        curves = [eval_curve(r) if key == "accuracy" else r.series(key) for r in runs]
+        curves = [c for c in curves if c[0]]
+        if not curves:
+            continue
+        steps, table = _aligned(curves)
+        if not steps:
+            continue
+        mean = [statistics.fmean(row) for row in table]
+        line, = ax.plot(steps, mean, label=f"{method} (n={len(curves)})", linewidth=1.6)
+        if len(curves) > 1:
+            ax.fill_between(steps, [min(r) for r in table], [max(r) for r in table], color=line.get_color(), alpha=0.18)
+    ax.set_title(f"{title} vs training step (line: mean over seeds; band: min-max)")
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def method_rows(groups: dict[str, list[RunRecord]], baseline: str = "grpo") -> list[dict[str, Any]]:
+    """One row per method: final accuracy ± 95% CI, steps to the baseline's final accuracy, and more."""
+    finals = {m: [r.summary.get("heldout_accuracy_after", _last_eval(r, "accuracy")) for r in runs]
+              for m, runs in groups.items()}
+    base = groups.get(baseline)
+    base_final = statistics.fmean([v for v in finals[baseline] if v is not None]) if base else None
+    rows = []
+    for method, runs in groups.items():
+        acc = [v for v in finals[method] if v is not None]
+        mean, half = mean_ci95(acc)
+        row: dict[str, Any] = {"method": method, "seeds": len(runs), "accuracy": mean, "ci95": half}
+        row["before"] = _mean([r.summary.get("heldout_accuracy_before") for r in runs])
+        row["mean_length"] = _mean([r.summary.get("mean_length_after", _last_eval(r, "mean_length")) for r in runs])
+        row["trace_validity"] = _mean([_last_eval(r, "trace_validity_correct") for r in runs])
+        k_keys = sorted({k for r in runs for e in r.evals.values() for k in e if k.startswith("pass@")})
+        row["pass@k"] = {k: _mean([_last_eval(r, k) for r in runs]) for k in k_keys}
+        row["wall_time_s"] = _mean([r.summary.get("wall_time_s") for r in runs])
+        row["steps_to_baseline"] = None
+        if base_final is not None:
+            steps, table = _aligned([eval_curve(r) for r in runs if r.evals])
+            hit = [s for s, vals in zip(steps, table, strict=True) if statistics.fmean(vals) >= base_final and s > 0]
+            row["steps_to_baseline"] = hit[0] if hit else None
+        rows.append(row)
+    return rows
+
+
+def _last_eval(run: RunRecord, key: str) -> Any:
+    return run.evals[max(run.evals)].get(key) if run.evals else None
+
+
+def _mean(values: list[Any]) -> float | None:
+    good = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return statistics.fmean(good) if good else None
+
+
+def _fmt(value: Any, spec: str = ".3f") -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def markdown_table(rows: list[dict[str, Any]], baseline: str = "grpo") -> str:
+    """The comparison table as markdown."""
+    k_keys = sorted({k for r in rows for k in r["pass@k"]})
+    head = ["method", "seeds", "held-out acc. before", "final held-out acc. (mean ± 95% CI)",
+            f"steps to {baseline}'s final acc.", "mean length (tokens)", "trace validity (correct)", *k_keys,
+            "wall time (s)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["method"], str(r["seeds"]), _fmt(r["before"]), f"{_fmt(r['accuracy'])} ± {_fmt(r['ci95'])}",
+                 _fmt(r["steps_to_baseline"], "d") if r["steps_to_baseline"] is not None else "not reached",
+                 _fmt(r["mean_length"], ".1f"), _fmt(r["trace_validity"]),
+                 *[_fmt(r["pass@k"].get(k)) for k in k_keys], _fmt(r["wall_time_s"], ".0f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(runs: list[RunRecord], output_dir: str | Path, *, baseline: str = "grpo",
+                 title: str = "pivotrl comparison", notes: str = "") -> Path:
+    """Write output_dir/report.md and its PNG plots; returns the report's path."""
+    if not runs:
+        raise ValueError("no runs to report on")
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    groups = by_method(runs)
+    rows = method_rows(groups, baseline)
+    plots = {key: plot_metric(groups, key, out / f"{key.split('/')[0].replace('@', '_')}.png") for key in PLOTS}
+    eval_sizes = sorted({(e.get("num_problems"), e.get("samples_per_problem")) for r in runs for e in r.evals.values()})
+    sizes = ", ".join(f"{n} problems x {k} sample(s)" for n, k in eval_sizes) or "no evaluations found"
+    text = [f"# {title}\n\n", notes + "\n\n" if notes else "", f"Held-out evaluation: {sizes}.\n\n",
+            "## Results\n\n", markdown_table(rows, baseline), "\n## Curves\n\n"]
+    for key, path in plots.items():
+        text.append(f"![{PLOTS[key][0]}]({path.name})\n\n")
+    text.append("## Runs\n\n")
+    text.extend(f"- {r.method}, seed {r.seed}: `{r.path}`\n" for r in runs)
+    report = out / "report.md"
+    report.write_text("".join(text))
+    return report
