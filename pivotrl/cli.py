@@ -164,5 +164,42 @@ def report(
     typer.echo(f"report: {path}")
 
 
+@app.command()
+def analyze(
+    model: Annotated[str, typer.Option("--model", help="'tiny', a checkpoint folder or a hub id")] = "tiny",
+    task: Annotated[str, typer.Option("--task", help="Task name")] = "countdown",
+    estimator: Annotated[str, typer.Option(help="Estimator whose token credit is shown next to GRPO's")] = "erpo",
+    ref: Annotated[str | None, typer.Option(help="Reference model for erpo's process term (default: the policy)")] = None,
+    num_problems: Annotated[int, typer.Option("--num-problems", "-n", help="Held-out problems sampled")] = 64,
+    group_size: Annotated[int, typer.Option(help="Samples per problem")] = 8,
+    top_percent: Annotated[float, typer.Option(help="k: perturb the top-k% and bottom-k% entropy tokens")] = 10.0,
+    perturbations: Annotated[int, typer.Option(help="Perturbed positions per side")] = 200,
+    max_new_tokens: Annotated[int, typer.Option(help="Longest response")] = 34,
+    seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
+    output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Where entropy.png, tokens.html, pivots.json go")] = Path("runs/analyze"),
+) -> None:
+    """Pivot analysis of a policy: entropy histogram, token heat-map, perturbation test at forks."""
+    import json
+
+    from pivotrl.analysis.pivots import analyze_policy
+    from pivotrl.modeling.policy import frozen_copy, load_policy
+    from pivotrl.rollout import make_engine
+    from pivotrl.tasks import get_task
+
+    try:
+        the_task = get_task(task)
+        problems = the_task.problems("test")[:num_problems]
+        policy, tokenizer = load_policy(model)
+        ref_model = frozen_copy(load_policy(ref)[0]) if ref else None
+        result = analyze_policy(policy, tokenizer, make_engine("hf", policy, tokenizer), the_task, problems,
+                                [the_task.format_prompt(p) for p in problems], output_dir, estimator=estimator,
+                                group_size=group_size, max_new_tokens=max_new_tokens, top_percent=top_percent,
+                                num_perturbations=perturbations, seed=seed, ref_model=ref_model)
+    except (KeyError, ValueError, FileNotFoundError) as err:
+        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    typer.echo(json.dumps(result, indent=2))
+
+
 if __name__ == "__main__":
     app()

@@ -73,13 +73,29 @@ class HFEngine:
         if num_samples < 1 or max_new_tokens < 1:
             raise ValueError(f"num_samples and max_new_tokens must be >= 1, got {num_samples}, {max_new_tokens}")
         prompt_ids, prompt_mask = self.encode_prompts(prompts)
+        return self.generate_from_ids(prompt_ids, prompt_mask, num_samples, max_new_tokens=max_new_tokens,
+                                      temperature=temperature, top_p=top_p, generator=generator)
+
+    @torch.no_grad()
+    def generate_from_ids(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        num_samples: int = 1,
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        """Like generate, from left-padded token ids (B,P) and their mask (e.g. a prompt plus a forced prefix)."""
         prompt_ids = prompt_ids.repeat_interleave(num_samples, dim=0)
         prompt_mask = prompt_mask.repeat_interleave(num_samples, dim=0)
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         batch = prompt_ids.shape[0]
         was_training = self.model.training
         self.model.eval()
-        attention = prompt_mask.clone()
+        attention = prompt_mask.long()
         positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
         out = self.model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True)
         cache, logits = self._cache(out), out.logits[:, -1]

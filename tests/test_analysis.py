@@ -1,0 +1,108 @@
+"""compare / report / analyze on smoke-sized runs."""
+
+from __future__ import annotations
+
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from pivotrl.analysis.compare import plan_runs, run_comparison
+from pivotrl.analysis.pivots import analyze_policy, flip_ratio_ci
+from pivotrl.analysis.report import mean_ci95, write_report
+from pivotrl.analysis.runs import read_run
+from pivotrl.modeling.policy import load_policy
+from pivotrl.rollout import make_engine
+from pivotrl.tasks import get_task
+from pivotrl.train.recipes import recipe_path
+
+SMALL = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
+         "intermediate_size": 64}
+
+
+@pytest.fixture(scope="module")
+def comparison(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("compare")
+    run_comparison(recipe_path("smoke"), ["grpo", "erpo"], 2, out, extra=["eval.every=2", "train.max_steps=4"])
+    return out
+
+
+def table_rows(report: Path) -> list[str]:
+    return [line for line in report.read_text().splitlines() if line.startswith("| ") and not line.startswith("| method")]
+
+
+def test_compare_writes_a_row_per_method_and_decodable_plots(comparison: Path) -> None:
+    rows = table_rows(comparison / "report.md")
+    assert [r.split("|")[1].strip() for r in rows] == ["grpo", "erpo"]
+    assert all(r.split("|")[2].strip() == "2" for r in rows)  # two seeds each
+    for name in ("accuracy", "entropy", "response_length", "clip"):
+        with Image.open(comparison / f"{name}.png") as img:
+            img.verify()
+        with Image.open(comparison / f"{name}.png") as img:
+            assert img.size[0] > 400 and img.size[1] > 300
+
+
+def test_compare_is_resumable(comparison: Path) -> None:
+    before = {p: p.stat().st_mtime for p in (comparison / "runs").rglob("summary.json")}
+    run_comparison(recipe_path("smoke"), ["grpo", "erpo"], 2, comparison, extra=["eval.every=2", "train.max_steps=4"])
+    after = {p: p.stat().st_mtime for p in (comparison / "runs").rglob("summary.json")}
+    assert before == after  # finished runs were not trained again
+
+
+def test_report_over_existing_folders_gives_the_same_table(comparison: Path, tmp_path: Path) -> None:
+    runs = sorted((comparison / "runs").iterdir())
+    order = [r for r in runs if r.name.startswith("grpo")] + [r for r in runs if r.name.startswith("erpo")]
+    report = write_report([read_run(r) for r in order], tmp_path)
+    assert table_rows(report) == table_rows(comparison / "report.md")
+
+
+def test_plan_and_ablation() -> None:
+    plan = plan_runs(["grpo"], 2, ablate="erpo")
+    assert [(label, seed) for label, seed, _ in plan][:3] == [("grpo", 0), ("grpo", 1), ("erpo:full", 0)]
+    assert {label for label, _, _ in plan} == {"grpo", "erpo:full", "erpo:no_gate", "erpo:no_buckets", "erpo:no_anchor"}
+    with pytest.raises(ValueError, match="unknown method"):
+        plan_runs(["grpo", "erpp"], 1)
+
+
+def test_mean_ci95_and_flip_ratio() -> None:
+    mean, half = mean_ci95([0.2, 0.4])
+    # t(1) = 12.706; stdev = 0.1414; half = 12.706 * 0.1414 / sqrt(2) = 1.2706
+    assert mean == pytest.approx(0.3) and half == pytest.approx(1.2706, abs=1e-4)
+    ratio, lo, hi = flip_ratio_ci(35, 100, 10, 100)
+    # (35.5/101)/(10.5/101) = 3.381
+    assert ratio == pytest.approx(35.5 / 10.5) and lo < ratio < hi
+
+
+class TokenCounter(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.responses: list[int] = []
+        self.rows: list[int] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if a.get("class") == "resp":
+            self.responses.append(int(a["data-tokens"]))
+        if a.get("class") == "row":
+            self.rows.append(0)
+        if a.get("class") == "tok":
+            self.rows[-1] += 1
+
+
+def test_analyze_writes_html_whose_token_count_matches_the_samples(tmp_path: Path) -> None:
+    model, tok = load_policy("tiny-random", arch=SMALL)
+    task = get_task("countdown", train_size=10, test_size=16)
+    problems = task.problems("test")[:6]
+    result = analyze_policy(model, tok, make_engine("hf", model, tok), task, problems,
+                            [task.format_prompt(p) for p in problems], tmp_path, group_size=4, max_new_tokens=12,
+                            num_perturbations=10)
+    parser = TokenCounter()
+    parser.feed((tmp_path / "tokens.html").read_text())
+    assert len(parser.responses) == result["html_responses"] == 24
+    assert sum(parser.responses) == result["tokens"]
+    # three rows per response (entropy, estimator, grpo), each with one span per token
+    assert parser.rows == [n for n in parser.responses for _ in range(3)]
+    with Image.open(tmp_path / "entropy.png") as img:
+        img.verify()
+    assert result["n_high"] == 10 and result["n_low"] == 10
