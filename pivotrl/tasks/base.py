@@ -1,0 +1,240 @@
+"""What a task is: problems, reference answers, a verifier and a prompt template.
+
+A task gives, for a split, a list of :class:`Problem` (the question text, the
+reference answer the verifier compares against, and free-form metadata); it
+scores a completion with ``task.verifier(completion, problem.answer) -> float``;
+and it renders a problem into the exact string fed to a model with
+``task.format_prompt(problem, tokenizer=None, chat=False)``.
+
+Splits are ``"train"`` and ``"test"``; ``"heldout"``, ``"eval"``,
+``"validation"`` (and a few spellings of them) mean ``"test"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger("pivotrl.tasks")
+
+Verifier = Callable[[str, Any], float]
+
+#: The layout every synthetic worked solution follows (and the instruction asks for).
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+
+FORMAT_INSTRUCTION = (
+    "Think step by step inside <think> </think>, then give the final answer "
+    "inside <answer> </answer>."
+)
+
+_SPLIT_ALIASES = {
+    "train": "train",
+    "training": "train",
+    "test": "test",
+    "heldout": "test",
+    "held-out": "test",
+    "held_out": "test",
+    "eval": "test",
+    "evaluation": "test",
+    "validation": "test",
+    "val": "test",
+    "dev": "test",
+}
+
+
+def normalize_split(split: str) -> str:
+    """Return ``"train"`` or ``"test"`` for any accepted spelling of a split."""
+    try:
+        return _SPLIT_ALIASES[split.strip().lower()]
+    except (KeyError, AttributeError):
+        raise ValueError(
+            f"unknown split {split!r}: use 'train' or 'test' (alias 'heldout')"
+        ) from None
+
+
+def layout(steps: Iterable[str], answer: Any) -> str:
+    """``<think>s1;s2</think><answer>answer</answer>``: the canonical response."""
+    return f"{THINK_OPEN}{';'.join(steps)}{THINK_CLOSE}{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
+
+
+def stable_fraction(key: str) -> float:
+    """A number in [0, 1) fixed by ``key`` alone (SHA-256; no process salt)."""
+    digest = hashlib.sha256(key.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem: the question text, its reference answer, and metadata.
+
+    ``prompt`` is the bare question; :meth:`Task.format_prompt` turns it into
+    what the model sees. ``answer`` is whatever the task's verifier takes
+    (a string for math, an int for arithmetic, ``{"numbers", "target"}`` for
+    countdown). ``meta`` holds the rest (a source row id, a worked solution...).
+    """
+
+    prompt: str
+    answer: Any
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+class ProblemList(list):
+    """A list of problems that also says where they came from.
+
+    ``skipped`` counts the rows of the source that could not be used (a missing
+    field, an empty answer); ``source`` names the file, dataset or generator.
+    """
+
+    def __init__(self, problems: Iterable[Problem] = (), *, source: str = "", skipped: int = 0):
+        super().__init__(problems)
+        self.source = source
+        self.skipped = skipped
+
+
+def lazy_verifier(module: str, name: str, **kwargs: Any) -> Verifier:
+    """A verifier that imports ``module.name`` only when first called.
+
+    Lets a task be built (and its problems listed) without importing the
+    reward code; the keyword options are passed on every call.
+    """
+
+    def verify(completion: str, answer: Any) -> float:
+        fn = getattr(importlib.import_module(module), name)
+        return float(fn(completion, answer, **kwargs))
+
+    verify.__name__ = f"{name}"
+    verify.__qualname__ = f"{module}.{name}"
+    return verify
+
+
+class Task:
+    """Base class of every task; subclasses implement :meth:`_load`.
+
+    Attributes:
+        name: the registry name.
+        verifier: ``fn(completion, answer) -> float`` in [0, 1].
+        template: the plain prompt template, a ``str.format`` string with the
+            fields ``{prompt}`` (the problem text) and ``{instruction}``.
+        user_template: the user message of the chat form, same fields.
+        instruction: the sentence that says what layout to answer in.
+        system_prompt: optional system message of the chat form.
+    """
+
+    name: str = "task"
+    template: str = "{prompt}\n"
+    user_template: str = "{prompt}\n{instruction}"
+    instruction: str = FORMAT_INSTRUCTION
+    system_prompt: str | None = None
+
+    def __init__(
+        self,
+        *,
+        verifier: Verifier | None = None,
+        template: str | None = None,
+        user_template: str | None = None,
+        instruction: str | None = None,
+        system_prompt: str | None = None,
+    ):
+        if verifier is not None:
+            self.verifier = verifier
+        if template is not None:
+            self.template = template
+        if user_template is not None:
+            self.user_template = user_template
+        if instruction is not None:
+            self.instruction = instruction
+        if system_prompt is not None:
+            self.system_prompt = system_prompt
+        self._cache: dict[str, ProblemList] = {}
+
+    # -- problems ----------------------------------------------------------
+    def problems(self, split: str = "train") -> ProblemList:
+        """The problems of ``split`` (``"train"`` or ``"test"``/``"heldout"``).
+
+        Built once per split and cached; the list returned is a copy, so a
+        caller may shuffle it.
+        """
+        key = normalize_split(split)
+        if key not in self._cache:
+            self._cache[key] = self._load(key)
+        cached = self._cache[key]
+        return ProblemList(cached, source=cached.source, skipped=cached.skipped)
+
+    def _load(self, split: str) -> ProblemList:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # -- scoring -----------------------------------------------------------
+    def verifier(self, completion: str, answer: Any) -> float:  # pragma: no cover
+        raise NotImplementedError(f"task {self.name!r} has no verifier")
+
+    def score(self, completion: str, problem: Problem) -> float:
+        """``verifier(completion, problem.answer)``."""
+        return float(self.verifier(completion, problem.answer))
+
+    # -- prompts -----------------------------------------------------------
+    def format_prompt(self, problem: Problem, tokenizer: Any = None, chat: bool = False) -> str:
+        """The text given to the model for ``problem``.
+
+        ``chat=False``: ``template`` filled in (no tokenizer needed).
+        ``chat=True``: the user message (``user_template`` filled in, after
+        ``system_prompt`` if set) rendered by ``tokenizer.apply_chat_template``
+        with the generation prompt added.
+        """
+        fields = {"prompt": problem.prompt, "instruction": self.instruction}
+        if not chat:
+            return self.template.format(**fields)
+        if tokenizer is None:
+            raise ValueError(
+                "format_prompt(chat=True) needs the tokenizer whose chat template to use"
+            )
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                f"tokenizer {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__!s} "
+                "has no chat template; use chat=False (plain prompts)"
+            )
+        messages = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        messages.append({"role": "user", "content": self.user_template.format(**fields)})
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+# -- registry ---------------------------------------------------------------
+
+#: Registered task names -> factory (a Task subclass or any callable returning a Task).
+TASKS: dict[str, Callable[..., Task]] = {}
+
+
+def register_task(name: str) -> Callable[[Callable[..., Task]], Callable[..., Task]]:
+    """Decorator: make ``get_task(name, **options)`` call the decorated factory."""
+
+    def decorate(factory: Callable[..., Task]) -> Callable[..., Task]:
+        if name in TASKS and TASKS[name] is not factory:
+            raise ValueError(f"task {name!r} is already registered")
+        TASKS[name] = factory
+        return factory
+
+    return decorate
+
+
+def get_task(name: str, **options: Any) -> Task:
+    """Build the task registered as ``name`` with its options.
+
+    >>> get_task("countdown", num_numbers=3, test_size=500)  # doctest: +SKIP
+    """
+    try:
+        factory = TASKS[name]
+    except KeyError:
+        known = ", ".join(sorted(TASKS))
+        raise KeyError(f"unknown task {name!r}; known tasks: {known}") from None
+    task = factory(**options)
+    task.name = name
+    return task
