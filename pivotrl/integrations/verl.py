@@ -1,0 +1,487 @@
+"""pivotrl inside verl 0.9.1: registered advantage estimators, policy losses and trainers.
+
+verl 0.9.1 loads every entry point of the ``verl.plugins`` group when ``verl`` is
+imported (``verl/__init__.py``: ``importlib.metadata.entry_points(group="verl.plugins")``,
+each ``ep.load()``-ed, failures logged at DEBUG level and otherwise ignored;
+``VERL_USE_EXTERNAL_PLUGINS=none`` turns discovery off). pivotrl's entry point
+names this module, and importing it calls :func:`register`, which adds to verl's
+own registries:
+
+- advantage estimators ``pivotrl_<name>`` for every pivotrl estimator
+  (``pivotrl_grpo``, ``pivotrl_erpo``, ``pivotrl_ep_grpo``, ...) in
+  ``verl.trainer.ppo.core_algos.ADV_ESTIMATOR_REGISTRY``, with verl's signature
+  ``fn(token_level_rewards, response_mask, index=None, config=None, **kwargs) -> (advantages, returns)``;
+- policy losses ``pivotrl_ppo``, ``pivotrl_gspo``, ``pivotrl_tepo``, ``pivotrl_mpo`` in
+  ``POLICY_LOSS_REGISTRY``, with verl's signature
+  ``fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)``
+  and verl's ``agg_loss`` aggregation (so verl's global-batch normalisation applies);
+- v1 trainers ``pivotrl_sync``, ``pivotrl_colocate_async``, ``pivotrl_separate_async``
+  (``verl.trainer.ppo.v1.register_trainer``): verl's own trainers, except that the
+  advantage step also fetches the rollout policy's entropies (``entropy``), ``old_log_probs``
+  and ``ref_log_prob`` and hands them to the pivotrl estimator, and that the reference
+  policy is built whenever the estimator needs it.
+
+verl calls an estimator with rewards, mask, uid and config only. Estimators that need
+more (ERPO, EP-GRPO, the entropy baselines) read the token tensors from
+:func:`token_inputs`, a context that the pivotrl trainers and :func:`compute_advantage`
+set around verl's own advantage step. Configuration (all plain config keys):
+
+- ``algorithm.adv_estimator=pivotrl_erpo`` and ``trainer.v1.trainer_mode=pivotrl_sync``;
+- ``+algorithm.pivotrl_kwargs.<hp>=<value>``: the estimator's hyperparameters
+  (ALGORITHMS.md names; ``norm_by_std`` defaults to ``algorithm.norm_adv_by_std_in_grpo``);
+- ``actor_rollout_ref.actor.policy_loss.loss_mode=pivotrl_tepo``; the loss reads
+  ``clip_ratio_low`` / ``clip_ratio_high`` (eps_low / eps_high), ``clip_ratio_c`` (dual clip,
+  not for gspo) and ``loss_agg_mode`` from verl's actor config, and further
+  hyperparameters (MPO's ``block_size``, ...) from the JSON environment variable
+  ``PIVOTRL_POLICY_LOSS_KWARGS``, because verl's actor config is a closed dataclass and
+  rejects unknown keys (pass it to the workers with
+  ``+ray_kwargs.ray_init.runtime_env.env_vars.PIVOTRL_POLICY_LOSS_KWARGS='{"block_size":5}'``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import inspect
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from pivotrl.algorithms import (
+    ESTIMATORS,
+    POLICY_LOSSES,
+    TokenBatch,
+    compute_advantages,
+    estimator_requirements,
+    loss_requirements,
+)
+
+__all__ = [
+    "ESTIMATOR_KWARGS_KEY",
+    "LOSS_KWARGS_ENV",
+    "PREFIX",
+    "TRAINER_MODES",
+    "compute_advantage",
+    "estimator_hparams",
+    "estimator_name",
+    "make_adv_estimator",
+    "make_policy_loss",
+    "policy_loss_hparams",
+    "register",
+    "token_inputs",
+]
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "pivotrl_"
+ESTIMATOR_KWARGS_KEY = "pivotrl_kwargs"
+LOSS_KWARGS_ENV = "PIVOTRL_POLICY_LOSS_KWARGS"
+TRAINER_MODES = ("sync", "colocate_async", "separate_async")
+TOKEN_KEYS = ("response_mask", "old_log_probs", "ref_log_prob", "entropys")
+
+_TOKEN_INPUTS: contextvars.ContextVar[dict[str, Tensor] | None] = contextvars.ContextVar(
+    "pivotrl_verl_token_inputs", default=None
+)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def estimator_name(verl_name: Any) -> str | None:
+    """The pivotrl estimator behind a verl estimator name (``pivotrl_erpo`` -> ``erpo``), else None."""
+    name = getattr(verl_name, "value", verl_name)
+    if isinstance(name, str) and name.startswith(PREFIX) and name[len(PREFIX):] in ESTIMATORS:
+        return name[len(PREFIX):]
+    return None
+
+
+def _plain(value: Any) -> Any:
+    """A DictConfig / Mapping as a plain dict (other values unchanged)."""
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(value, DictConfig):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf comes with verl
+        pass
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
+
+
+def _cfg_get(config: Any, key: str, default: Any = None) -> Any:
+    if config is None:
+        return default
+    getter = getattr(config, "get", None)
+    if callable(getter):
+        return getter(key, default)
+    return getattr(config, key, default)
+
+
+def estimator_hparams(name: str, config: Any) -> dict[str, Any]:
+    """Hyperparameters for pivotrl estimator `name` from verl's algorithm config.
+
+    ``algorithm.pivotrl_kwargs`` (a dict) gives them by their ALGORITHMS.md names;
+    ``norm_by_std``, where the estimator has it, defaults to
+    ``algorithm.norm_adv_by_std_in_grpo`` (verl's switch between GRPO and Dr. GRPO scaling).
+    """
+    raw = _plain(_cfg_get(config, ESTIMATOR_KWARGS_KEY, None))
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"algorithm.{ESTIMATOR_KWARGS_KEY} must be a mapping, got {type(raw).__name__}")
+    hp = dict(raw)
+    params = inspect.signature(ESTIMATORS[name]).parameters
+    if "norm_by_std" in params and "norm_by_std" not in hp:
+        norm = _cfg_get(config, "norm_adv_by_std_in_grpo", None)
+        if norm is not None:
+            hp["norm_by_std"] = bool(norm)
+    return hp
+
+
+def _group_index(index: Any, n: int, device: torch.device) -> Tensor:
+    """Dense int64 group ids (N,) from verl's uid array (strings, numbers or a tensor)."""
+    if index is None:
+        raise ValueError(
+            "pivotrl estimators need the group of each response: verl passes it as `index` "
+            "(data.non_tensor_batch['uid']), which is missing"
+        )
+    if isinstance(index, Tensor):
+        labels = index.reshape(-1).tolist()
+    else:
+        labels = list(index)
+    if len(labels) != n:
+        raise ValueError(f"index has {len(labels)} entries for {n} responses")
+    ids: dict[Any, int] = {}
+    dense = [ids.setdefault(label, len(ids)) for label in labels]
+    return torch.tensor(dense, dtype=torch.long, device=device)
+
+
+@contextlib.contextmanager
+def token_inputs(**tensors: Tensor | None) -> Iterator[None]:
+    """Make token tensors available to the ``pivotrl_*`` estimators verl calls inside this block.
+
+    Keys: ``response_mask`` (to check that the tensors belong to the batch the estimator
+    sees), ``old_log_probs``, ``ref_log_prob`` and ``entropys`` (verl's field names), each (N,T).
+    """
+    unknown = set(tensors) - set(TOKEN_KEYS)
+    if unknown:
+        raise ValueError(f"token_inputs got unknown keys {sorted(unknown)}; known: {', '.join(TOKEN_KEYS)}")
+    reset = _TOKEN_INPUTS.set({k: v for k, v in tensors.items() if v is not None})
+    try:
+        yield
+    finally:
+        _TOKEN_INPUTS.reset(reset)
+
+
+def token_inputs_from_batch(batch: Any) -> dict[str, Tensor]:
+    """The token tensors of a verl batch (TensorDict / DataProto.batch / dict), by verl's names.
+
+    verl's legacy trainer calls the rollout entropies ``entropys``, the v1 trainer ``entropy``.
+    """
+    keys = set(batch.keys())
+    out: dict[str, Tensor] = {}
+    for key in ("response_mask", "old_log_probs", "ref_log_prob"):
+        if key in keys:
+            out[key] = batch[key]
+    for key in ("entropys", "entropy"):
+        if key in keys:
+            out["entropys"] = batch[key]
+            break
+    return out
+
+
+def _token_fields(kwargs: dict[str, Any], response_mask: Tensor) -> dict[str, Tensor]:
+    """Token tensors from explicit keyword arguments, else from the token_inputs context."""
+    fields: dict[str, Tensor] = {}
+    context = _TOKEN_INPUTS.get()
+    if context:
+        ctx_mask = context.get("response_mask")
+        if ctx_mask is not None and (
+            ctx_mask.shape != response_mask.shape or not torch.equal(ctx_mask.bool(), response_mask.bool())
+        ):
+            raise ValueError(
+                "the token tensors set with token_inputs() belong to a different batch: their response_mask "
+                f"has shape {tuple(ctx_mask.shape)}, the estimator's {tuple(response_mask.shape)}, or their values differ"
+            )
+        fields.update({k: v for k, v in context.items() if k != "response_mask"})
+    for key in ("old_log_probs", "ref_log_prob", "entropys", "entropy"):
+        if kwargs.get(key) is not None:
+            fields["entropys" if key == "entropy" else key] = kwargs[key]
+    for key, value in fields.items():
+        if value.shape != response_mask.shape:
+            raise ValueError(f"{key} has shape {tuple(value.shape)}, response_mask {tuple(response_mask.shape)}")
+    return fields
+
+
+_HOW_TO_SUPPLY = (
+    "verl does not pass token tensors to advantage estimators; use the pivotrl trainer "
+    "(trainer.use_v1=True trainer.v1.trainer_mode=pivotrl_sync), or call "
+    "pivotrl.integrations.verl.compute_advantage(data, ...) instead of verl's compute_advantage"
+)
+
+
+# ----------------------------------------------------------------------------- estimators
+
+
+def make_adv_estimator(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
+    """verl advantage estimator running pivotrl estimator `name`; returns (advantages, returns)."""
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown pivotrl estimator {name!r}; known: {', '.join(sorted(ESTIMATORS))}")
+
+    def estimator(
+        token_level_rewards: Tensor,
+        response_mask: Tensor,
+        index: Any = None,
+        config: Any = None,
+        **kwargs: Any,
+    ) -> tuple[Tensor, Tensor]:
+        hp = estimator_hparams(name, config)
+        needed = estimator_requirements(name, **hp)
+        fields = _token_fields(kwargs, response_mask)
+        missing = []
+        if "ref_logprobs" in needed:
+            missing += [k for k in ("old_log_probs", "ref_log_prob") if fields.get(k) is None]
+        if "entropies" in needed and fields.get("entropys") is None:
+            missing.append("entropys (the rollout policy's entropies)")
+        if missing:
+            extra = ""
+            if "ref_log_prob" in missing:
+                extra = (
+                    "; ref_log_prob exists only with a reference policy (the pivotrl trainers build one "
+                    "for such estimators; verl's own need actor_rollout_ref.actor.use_kl_loss=True, "
+                    "kl_loss_coef=0.0 for none of its KL)"
+                )
+            raise ValueError(f"{PREFIX}{name} needs {', '.join(missing)}: {_HOW_TO_SUPPLY}{extra}")
+        mask = response_mask.bool()
+        rewards = token_level_rewards.sum(dim=-1).float()
+        old = fields.get("old_log_probs")
+        batch = TokenBatch(
+            rewards=rewards,
+            group_index=_group_index(index, rewards.shape[0], rewards.device),
+            response_mask=mask,
+            old_logprobs=old.float() if old is not None else torch.zeros(mask.shape, device=mask.device),
+            ref_logprobs=fields["ref_log_prob"].float() if "ref_logprobs" in needed else None,
+            entropies=fields["entropys"].float() if "entropies" in needed else None,
+        )
+        adv = compute_advantages(name, batch, **hp).to(token_level_rewards.dtype)
+        return adv, adv
+
+    estimator.__name__ = f"compute_{PREFIX}{name}_advantage"
+    estimator.__qualname__ = estimator.__name__
+    estimator.__doc__ = f"verl advantage estimator {PREFIX}{name}: pivotrl's {name!r} (see ALGORITHMS.md)."
+    return estimator
+
+
+def compute_advantage(data: Any, adv_estimator: Any, *args: Any, **kwargs: Any) -> Any:
+    """verl's ``ray_trainer.compute_advantage`` with the batch's token tensors made available.
+
+    Same arguments and result as verl's function; for a ``pivotrl_*`` estimator, the
+    batch's ``old_log_probs``, ``ref_log_prob`` and ``entropys`` (or ``entropy``) reach it.
+    """
+    from verl.trainer.ppo.ray_trainer import compute_advantage as verl_compute_advantage
+
+    if estimator_name(adv_estimator) is None:
+        return verl_compute_advantage(data, adv_estimator, *args, **kwargs)
+    with token_inputs(**token_inputs_from_batch(data.batch)):
+        return verl_compute_advantage(data, adv_estimator, *args, **kwargs)
+
+
+# ----------------------------------------------------------------------------- policy losses
+
+
+def policy_loss_hparams(name: str, config: Any = None) -> dict[str, Any]:
+    """Hyperparameters of pivotrl loss `name` under verl.
+
+    From verl's actor config: eps_low = ``clip_ratio_low`` (else ``clip_ratio``), eps_high =
+    ``clip_ratio_high`` (else ``clip_ratio``), dual_clip = ``clip_ratio_c`` (ppo, tepo, mpo: verl's
+    ``vanilla`` always applies its dual clip; gspo: none, as verl's ``gspo``). Then the JSON object
+    in ``$PIVOTRL_POLICY_LOSS_KWARGS`` overrides any of them and sets the others (``block_size``, ...).
+    The KL term is verl's (``actor.use_kl_loss``): ``beta_kl`` is 0 here, including for tepo, whose
+    masked KL needs entropies and reference log-probs that verl's loss interface does not pass.
+    """
+    params = list(inspect.signature(POLICY_LOSSES[name]).parameters)[4:]
+    hp: dict[str, Any] = {}
+    if config is not None:
+        clip = _cfg_get(config, "clip_ratio", None)
+        low = _cfg_get(config, "clip_ratio_low", None)
+        high = _cfg_get(config, "clip_ratio_high", None)
+        low = clip if low is None else low
+        high = clip if high is None else high
+        if low is not None:
+            hp["eps_low"] = float(low)
+        if high is not None:
+            hp["eps_high"] = float(high)
+        if name != "gspo":
+            c = _cfg_get(config, "clip_ratio_c", None)
+            if c is not None:
+                hp["dual_clip"] = float(c)
+    hp["beta_kl"] = 0.0
+    raw = os.environ.get(LOSS_KWARGS_ENV, "").strip()
+    if raw:
+        try:
+            override = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"${LOSS_KWARGS_ENV} is not valid JSON: {exc}") from None
+        if not isinstance(override, dict):
+            raise ValueError(f"${LOSS_KWARGS_ENV} must be a JSON object, got {type(override).__name__}")
+        unknown = sorted(set(override) - set(params))
+        if unknown:
+            raise ValueError(
+                f"${LOSS_KWARGS_ENV} has {unknown}, which policy loss {name!r} does not take; valid: {', '.join(params)}"
+            )
+        hp.update(override)
+    if hp.get("beta_kl", 0.0) != 0.0:
+        raise ValueError(
+            f"{PREFIX}{name}: beta_kl must be 0 under verl (its policy-loss interface passes no reference "
+            "log-probs or entropies); use actor_rollout_ref.actor.use_kl_loss / kl_loss_coef for a KL term"
+        )
+    return hp
+
+
+def make_policy_loss(name: str) -> Callable[..., tuple[Tensor, dict[str, Any]]]:
+    """verl policy loss running pivotrl loss `name`, aggregated with verl's agg_loss."""
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"unknown pivotrl policy loss {name!r}; known: {', '.join(sorted(POLICY_LOSSES))}")
+    per_token = POLICY_LOSSES[name]
+
+    def policy_loss(
+        old_log_prob: Tensor,
+        log_prob: Tensor,
+        advantages: Tensor,
+        response_mask: Tensor,
+        loss_agg_mode: str = "token-mean",
+        config: Any = None,
+        rollout_is_weights: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, Any]]:
+        from verl.trainer.ppo.core_algos import agg_loss
+
+        hp = policy_loss_hparams(name, config)
+        needed = loss_requirements(name, **hp)
+        if needed:
+            raise ValueError(f"{PREFIX}{name} with {hp} needs {sorted(needed)}, which verl's policy-loss interface does not pass")
+        mask = response_mask.bool()
+        n = mask.shape[0]
+        batch = TokenBatch(
+            rewards=torch.zeros(n, device=mask.device),
+            group_index=torch.arange(n, device=mask.device),
+            response_mask=mask,
+            old_logprobs=old_log_prob,
+        )
+        loss_mat, metrics = per_token(batch, advantages, log_prob, None, **hp)
+        if rollout_is_weights is not None:
+            loss_mat = loss_mat * rollout_is_weights
+        batch_info = _plain(_cfg_get(config, "global_batch_info", None)) or {}
+        pg_loss = agg_loss(loss_mat=loss_mat, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
+        out: dict[str, Any] = {
+            "actor/pg_clipfrac": metrics.get("clip/frac", 0.0),
+            "actor/ppo_kl": metrics.get("kl/old_approx", 0.0),
+            "actor/pg_clipfrac_lower": metrics.get("clip/dual_frac", 0.0),
+        }
+        out.update({f"actor/pivotrl/{key}": value for key, value in metrics.items()})
+        return pg_loss, out
+
+    policy_loss.__name__ = f"compute_policy_loss_{PREFIX}{name}"
+    policy_loss.__qualname__ = policy_loss.__name__
+    policy_loss.__doc__ = f"verl policy loss {PREFIX}{name}: pivotrl's {name!r} per-token loss, verl's agg_loss."
+    return policy_loss
+
+
+# ----------------------------------------------------------------------------- trainers
+
+
+class PivotAdvantageMixin:
+    """Mixed into verl's v1 PPO trainers: feeds pivotrl estimators their token tensors.
+
+    ``_compute_advantage`` fetches ``entropy`` (written by verl's ``_compute_old_log_prob``),
+    ``old_log_probs`` and ``ref_log_prob`` from the TransferQueue when the configured
+    ``pivotrl_*`` estimator needs them and runs verl's own advantage step inside
+    :func:`token_inputs`; ``__init__`` turns on the reference policy when the estimator needs it.
+    """
+
+    config: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        needed = self._pivotrl_needed()
+        if "ref_logprobs" in needed and not getattr(self, "use_reference_policy", False):
+            logger.info("pivotrl: %s needs reference log-probs; building the reference policy", self._pivotrl_name())
+            self.use_reference_policy = True
+
+    def _pivotrl_name(self) -> str | None:
+        return estimator_name(self.config.algorithm.adv_estimator)
+
+    def _pivotrl_needed(self) -> frozenset[str]:
+        name = self._pivotrl_name()
+        if name is None:
+            return frozenset()
+        return estimator_requirements(name, **estimator_hparams(name, self.config.algorithm))
+
+    def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
+        needed = self._pivotrl_needed()
+        if not needed:
+            return super()._compute_advantage(batch, metrics)  # type: ignore[misc]
+        import transfer_queue as tq
+
+        fields = ["response_mask"]
+        if "entropies" in needed:
+            fields.append("entropy")
+        if "ref_logprobs" in needed:
+            fields += ["old_log_probs", "ref_log_prob"]
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        padded = data.to_padded_tensor()
+        with token_inputs(**token_inputs_from_batch(padded)):
+            return super()._compute_advantage(batch, metrics)  # type: ignore[misc]
+
+
+_TRAINER_CLASSES: dict[str, type] = {}
+
+
+def _register_trainers() -> None:
+    try:
+        from verl.trainer.ppo import v1
+        from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+    except Exception as exc:  # the v1 trainers need TransferQueue and friends; the registries do not
+        logger.info("pivotrl: verl's v1 trainers are not importable (%s); pivotrl_* trainers not registered", exc)
+        return
+    bases = {
+        "sync": v1.PPOTrainerSync,
+        "colocate_async": v1.PPOTrainerColocateAsync,
+        "separate_async": v1.PPOTrainerSeparateAsync,
+    }
+    for mode, base in bases.items():
+        key = PREFIX + mode
+        if key in TRAINER_REGISTRY:
+            continue
+        cls = type(
+            f"Pivot{base.__name__}",
+            (PivotAdvantageMixin, base),
+            {"__module__": __name__, "__doc__": f"verl's {base.__name__} with pivotrl's advantage inputs."},
+        )
+        v1.register_trainer(key)(cls)
+        _TRAINER_CLASSES[key] = cls
+        globals()[cls.__name__] = cls
+
+
+def register() -> None:
+    """Register pivotrl's estimators, losses and trainers in verl's registries (idempotent)."""
+    from verl.trainer.ppo import core_algos
+
+    for name in ESTIMATORS:
+        key = PREFIX + name
+        if key not in core_algos.ADV_ESTIMATOR_REGISTRY:
+            core_algos.register_adv_est(key)(make_adv_estimator(name))
+    for name in POLICY_LOSSES:
+        key = PREFIX + name
+        if key not in core_algos.POLICY_LOSS_REGISTRY:
+            core_algos.register_policy_loss(key)(make_policy_loss(name))
+    if os.environ.get("PIVOTRL_VERL_TRAINERS", "1") != "0":
+        _register_trainers()
+
+
+register()
