@@ -1,0 +1,363 @@
+"""BENCHMARK (not part of the test suite): pivotrl's trainer step vs TRL's GRPOTrainer, on CPU.
+
+    python benchmarks/bench_trainer_vs_trl.py [--prompts 32] [--group-size 8] [--max-new-tokens 34]
+        [--steps 5] [--warmup 1] [--threads 1] [--model auto|tiny|tiny-random]
+        [--estimators grpo,erpo,ep_grpo,gtpo,high_entropy,entropy_shaping] [--no-trl]
+
+Both trainers get the same tiny LlamaForCausalLM (built or read once, saved to a temporary
+folder, loaded by each), the same countdown training problems and prompt text, P prompts x G
+samples per step, temperature-1 sampling of up to --max-new-tokens tokens, the countdown
+verifier as the reward, one forward + backward over all P*G responses, grad-norm clipping at
+1.0 and one AdamW step (lr 1e-4, betas (0.9, 0.99), no weight decay, constant schedule), float32
+on the CPU with the same torch thread count. TRL: GRPOTrainer with num_iterations=1,
+gradient_accumulation_steps=1, per_device_train_batch_size=P*G (so one optimizer step = P
+prompts x G completions, and no separate old-log-prob forward), beta=0 (no reference model),
+loss_type='dapo' (token-mean over the batch, like pivotrl's ppo loss), epsilon 0.2/0.28,
+scale_rewards='group', use_vllm=False, no gradient checkpointing, no bf16, no eval, no
+saving, no logging, report_to=[]. pivotrl: estimator grpo + policy loss ppo (the fair
+comparison); the other estimators are timed the same way and reported against grpo.
+
+Timing: TRL's step is the wall time from the `on_step_begin` to the `on_step_end` callback
+(generation, reward, forward, backward, clipping, optimizer step, zero_grad; its dataloader
+fetch before on_step_begin and its logging after on_step_end are left out, which favours TRL);
+pivotrl's step is the wall time of `Trainer.train_step()` (everything, metrics included).
+The runs are interleaved: round k runs one TRL step and one step of every pivotrl
+estimator, with TRL first in even rounds and last in odd rounds; the first --warmup rounds
+are dropped and medians are reported. The estimator share uses pivotrl's own
+`time/estimator_s` / `time/step_s`. Wall and process-CPU time are both reported; on a machine
+shared with other jobs CPU time is the steadier one, and one thread per system is the default
+because two OpenMP threads on two busy cores stall at every barrier (steps 3-4x slower, noisier).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import tempfile
+import time
+import warnings
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+TOKEN_LEVEL = ("grpo", "erpo", "ep_grpo", "gtpo", "high_entropy", "entropy_shaping")
+
+
+class PhaseTimer:
+    """Accumulates (wall, CPU) seconds per phase while a step runs, by wrapping bound methods."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+
+    def wrap(self, obj: object, name: str, phase: str, only_if=None) -> None:
+        original = getattr(obj, name)
+
+        @functools.wraps(original)
+        def timed(*args, **kwargs):
+            if only_if is not None and not only_if():
+                return original(*args, **kwargs)
+            wall, cpu = time.perf_counter(), time.process_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                acc = self.current[phase]
+                acc[0] += time.perf_counter() - wall
+                acc[1] += time.process_time() - cpu
+
+        setattr(obj, name, timed)
+
+    def take(self) -> dict[str, list[float]]:
+        out, self.current = dict(self.current), defaultdict(lambda: [0.0, 0.0])
+        return out
+
+
+class Stopwatch:
+    """Wall and process-CPU seconds since start()."""
+
+    def start(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def stop(self) -> tuple[float, float]:
+        return time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def prepare_model(choice: str, folder: Path) -> tuple[Path, str]:
+    """A HF folder holding the benchmark's policy + tokenizer, and a description of it."""
+    from pivotrl.modeling.tiny import TINY_ARCH, build_tiny_model, tiny_policy_path
+    from pivotrl.modeling.tokenizer import build_char_tokenizer
+
+    shipped = tiny_policy_path()
+    if choice == "tiny" or (choice == "auto" and (shipped / "config.json").is_file()):
+        if not (shipped / "config.json").is_file():
+            raise SystemExit(f"--model tiny: no shipped checkpoint at {shipped}")
+        return shipped, f"shipped checkpoint {shipped}"
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(tokenizer, seed=0)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    arch = ", ".join(f"{k}={v}" for k, v in TINY_ARCH.items())
+    return folder, f"tiny-random (seed 0; {arch}) saved to {folder}"
+
+
+def make_pivotrl(estimator: str, model_dir: Path, out: Path, args: argparse.Namespace, timer: PhaseTimer):
+    from pivotrl.train.config import load_config
+    from pivotrl.train.trainer import Trainer
+
+    overrides = [
+        f"output_dir={out / estimator}",
+        f"model.name_or_path={model_dir}", "model.device=cpu", "model.dtype=float32",
+        "task.name=countdown", "task.options={num_numbers: 3}",
+        f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group_size}",
+        f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.temperature=1.0", "rollout.top_p=1.0",
+        f"algorithm.estimator={estimator}", "algorithm.policy_loss=ppo",
+        "algorithm.loss_kwargs={eps_low: 0.2, eps_high: 0.28}",
+        "train.lr=1e-4", "train.warmup_steps=0", "train.min_lr_ratio=1.0", "train.weight_decay=0.0",
+        "train.adam_betas=[0.9, 0.99]", "train.max_grad_norm=1.0", "train.ppo_epochs=1", "train.num_minibatches=1",
+        f"train.num_threads={args.threads}", "train.seed=0", "train.max_steps=1000",
+        "eval.before_after=false", "eval.every=0", "checkpoint.every=0", "log.progress=false",
+    ]
+    trainer = Trainer(load_config(None, overrides))
+    timer.wrap(trainer.engine, "generate", "generate")
+    timer.wrap(trainer, "collect", "collect")  # generate + verifier
+    timer.wrap(trainer, "_forward_all_no_grad", "ref_forward")
+    timer.wrap(trainer, "_forward", "policy_forward", only_if=torch.is_grad_enabled)
+    return trainer
+
+
+def make_trl(model_dir: Path, out: Path, args: argparse.Namespace, problems: list, task, timer: PhaseTimer,
+             steps: int, callback):
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from pivotrl.rewards.safe import safe_score
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    dataset = Dataset.from_dict({"prompt": [task.format_prompt(p) for p in problems],
+                                 "problem_index": list(range(len(problems)))})
+
+    def countdown_reward(prompts, completions, problem_index, **_):
+        return [safe_score(task.verifier, text, problems[i].answer) for text, i in zip(completions, problem_index, strict=True)]
+
+    config = GRPOConfig(
+        output_dir=str(out / "trl"), use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
+        per_device_train_batch_size=args.prompts * args.group_size, gradient_accumulation_steps=1,
+        num_generations=args.group_size, num_iterations=1, max_completion_length=args.max_new_tokens,
+        temperature=1.0, top_p=1.0, top_k=0, beta=0.0, loss_type="dapo", scale_rewards="group",
+        epsilon=0.2, epsilon_high=0.28, use_vllm=False,
+        learning_rate=1e-4, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        adam_beta1=0.9, adam_beta2=0.99, optim="adamw_torch", max_grad_norm=1.0,
+        max_steps=steps, seed=0, report_to=[], logging_strategy="no", save_strategy="no",
+        eval_strategy="no", disable_tqdm=True, log_completions=False, dataloader_num_workers=0,
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=countdown_reward, args=config, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[callback])
+    trainer.remove_callback(PrinterCallback)  # its end-of-train print is all it would do here
+    timer.wrap(trainer, "_generate_single_turn", "generate")
+    timer.wrap(trainer, "_calculate_rewards", "reward")
+    timer.wrap(trainer, "compute_loss", "policy_forward")
+    timer.wrap(trainer, "get_batch_samples", "data_fetch")
+    return trainer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=32, help="prompts per step (P)")
+    parser.add_argument("--group-size", type=int, default=8, help="samples per prompt (G)")
+    parser.add_argument("--max-new-tokens", type=int, default=34)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per system")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed warm-up steps per system")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads, both systems")
+    parser.add_argument("--model", choices=("auto", "tiny", "tiny-random"), default="auto",
+                        help="auto: the shipped checkpoint if present, else tiny-random with the shipped architecture")
+    parser.add_argument("--estimators", default=",".join(TOKEN_LEVEL),
+                        help="pivotrl estimators to time, comma-separated (grpo is always included)")
+    parser.add_argument("--no-trl", action="store_true", help="time pivotrl only")
+    args = parser.parse_args()
+    estimators = ["grpo"] + [e for e in args.estimators.split(",") if e and e != "grpo"]
+
+    warnings.filterwarnings("ignore")
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    torch.set_num_threads(args.threads)
+    rounds = args.warmup + args.steps
+
+    from pivotrl.tasks import get_task
+
+    # per system: wall s, CPU s, phases {name: [wall, cpu]}, pivotrl metrics, longest response
+    wall: dict[str, list[float]] = defaultdict(list)
+    cpu: dict[str, list[float]] = defaultdict(list)
+    phases: dict[str, list[dict[str, list[float]]]] = defaultdict(list)
+    logged: dict[str, list[dict]] = defaultdict(list)
+    widths: dict[str, list[float]] = defaultdict(list)
+    fetch_ms: list[float] = []
+
+    with tempfile.TemporaryDirectory(prefix="bench_trl_") as tmp:
+        tmp = Path(tmp)
+        model_dir, model_desc = prepare_model(args.model, tmp / "model")
+        task = get_task("countdown", num_numbers=3)
+        problems = list(task.problems("train"))
+        timer = PhaseTimer()
+        pivot = {e: make_pivotrl(e, model_dir, tmp, args, timer) for e in estimators}
+
+        def set_threads() -> None:
+            torch.set_num_threads(args.threads)
+            assert torch.get_num_threads() == args.threads
+
+        def pivot_round(k: int) -> None:
+            for name in (estimators if k % 2 == 0 else estimators[::-1]):
+                set_threads()
+                timer.take()
+                watch = Stopwatch()
+                watch.start()
+                metrics = pivot[name].train_step()
+                w, c = watch.stop()
+                pivot[name].step += 1
+                assert all(p.grad is not None for p in pivot[name].model.parameters()), "pivotrl step without grads"
+                ph = timer.take()
+                if k >= args.warmup:
+                    wall[name].append(w)
+                    cpu[name].append(c)
+                    phases[name].append(ph)
+                    logged[name].append(metrics)
+                    widths[name].append(metrics["response_length/max"])
+
+        from transformers import TrainerCallback
+
+        class Interleave(TrainerCallback):
+            """Times TRL's step from on_step_begin to on_step_end; runs the pivotrl steps outside that window."""
+
+            trainer = None
+
+            def __init__(self) -> None:
+                self.k = 0
+                self.watch = Stopwatch()
+
+            def on_step_begin(self, a, state, control, **kw):
+                if self.k >= args.warmup:
+                    fetch_ms.append(timer.take().get("data_fetch", [0.0, 0.0])[0] * 1000)
+                if self.k % 2 == 1:
+                    pivot_round(self.k)
+                set_threads()
+                timer.take()
+                self.watch.start()
+
+            def on_pre_optimizer_step(self, a, state, control, **kw):
+                # guard: TRL's step really backpropagated into every parameter before its AdamW step
+                params = list(self.trainer.model.parameters())
+                assert all(p.grad is not None for p in params), "TRL step without gradients"
+
+            def on_step_end(self, a, state, control, **kw):
+                w, c = self.watch.stop()
+                ph = timer.take()
+                if self.k >= args.warmup:
+                    wall["trl"].append(w)
+                    cpu["trl"].append(c)
+                    phases["trl"].append(ph)
+                    widths["trl"].append(self.trainer._metrics["train"]["completions/max_length"][-1])
+                if self.k % 2 == 0:
+                    pivot_round(self.k)
+                self.k += 1
+
+        print(f"# BENCHMARK: pivotrl Trainer.train_step vs TRL {__import__('trl').__version__} GRPOTrainer "
+              f"(torch {torch.__version__}, transformers {transformers.__version__})")
+        print(f"model: {model_desc}")
+        print(f"{args.prompts} prompts x {args.group_size} samples = {args.prompts * args.group_size} responses/step, "
+              f"max_new_tokens {args.max_new_tokens}, temperature 1, countdown (3 numbers), float32 CPU, "
+              f"{args.threads} torch thread(s) each; {args.warmup} warm-up + {args.steps} timed steps per system, "
+              f"interleaved round by round", flush=True)
+        t_all = time.perf_counter()
+        if args.no_trl:
+            for k in range(rounds):
+                pivot_round(k)
+        else:
+            callback = Interleave()
+            trl_trainer = make_trl(model_dir, tmp, args, problems, task, timer, rounds, callback)
+            callback.trainer = trl_trainer
+            timer.take()
+            trl_trainer.train()
+        total = time.perf_counter() - t_all
+
+    systems = (["trl"] if "trl" in wall else []) + estimators
+    label = {"trl": "TRL GRPOTrainer", **{e: f"pivotrl {e}" for e in estimators}}
+
+    def ph(name: str, key: str, i: int) -> list[float]:
+        return [p.get(key, [0.0, 0.0])[i] for p in phases[name]]
+
+    print(f"\nstep time, seconds: wall and process CPU (median [min-max] of {args.steps} steps)")
+    print(f"{'system':<24}{'wall':>8}{'':>16}{'CPU':>8}")
+    for name in systems:
+        print(f"{label[name]:<24}{median(wall[name]):>8.2f} [{min(wall[name]):5.2f}-{max(wall[name]):5.2f}]"
+              f"{median(cpu[name]):>8.2f} [{min(cpu[name]):5.2f}-{max(cpu[name]):5.2f}]")
+
+    print("\nwhere the CPU time goes (median CPU seconds per step)")
+    print(f"{'system':<24}{'generate':>9}{'reward':>8}{'pol.fwd':>9}{'ref.fwd':>9}{'rest':>7}")
+    for name in systems:
+        gen = ph(name, "generate", 1)
+        if name == "trl":
+            rew = ph(name, "reward", 1)
+        else:
+            rew = [c - g for c, g in zip(ph(name, "collect", 1), gen, strict=True)]
+        fwd, ref = ph(name, "policy_forward", 1), ph(name, "ref_forward", 1)
+        rest = [t - g - r - f - rf for t, g, r, f, rf in zip(cpu[name], gen, rew, fwd, ref, strict=True)]
+        print(f"{label[name]:<24}{median(gen):>9.2f}{median(rew):>8.3f}{median(fwd):>9.2f}{median(ref):>9.2f}"
+              f"{median(rest):>7.2f}")
+    print("generate: sampling only (TRL: _generate_single_turn); reward: verifier (pivotrl: collect minus generate, "
+          "so it also holds prompt formatting); pol.fwd: the grad-enabled policy forward with log-probs and entropies "
+          "(TRL: compute_loss, so also its loss); ref.fwd: reference-model forward; rest: backward, grad clipping, "
+          "AdamW, estimator, loss, decoding, metrics")
+    print("longest response per step (tokens, median): "
+          + ", ".join(f"{label[n]} {median(widths[n]):.0f}" for n in systems if widths[n]))
+    if fetch_ms:
+        print(f"TRL dataloader fetch before on_step_begin (not counted in its step): median {median(fetch_ms):.1f} ms")
+
+    if "trl" in wall:
+        print()
+        for name in [e for e in ("grpo", "erpo") if e in wall]:
+            rw = median(wall[name]) / median(wall["trl"])
+            rc = median(cpu[name]) / median(cpu["trl"])
+            rmin = min(cpu[name]) / min(cpu["trl"])
+            paired = median([p / t for p, t in zip(cpu[name], cpu["trl"], strict=True)])
+            note = "target <= 0.7" if name == "grpo" else "erpo also runs the reference model, TRL runs none"
+            print(f"pivotrl {name}+ppo step / TRL step: wall {rw:.3f}, CPU {rc:.3f} (ratio of medians); "
+                  f"CPU per-round median {paired:.3f}, CPU ratio of minima {rmin:.3f}  [{note}]")
+
+    base_w, base_c = median(wall["grpo"]), median(cpu["grpo"])
+    base_est = median([m["time/estimator_s"] for m in logged["grpo"]])
+    print(f"\ntoken-level estimators in pivotrl's step ({args.prompts * args.group_size} responses x "
+          f"{args.max_new_tokens} tokens)")
+    print(f"{'estimator':<16}{'est. ms':>8}{'% step':>8}{'wall s':>8}{'vs grpo':>8}{'CPU s':>7}{'vs grpo':>8}"
+          f"{'paired':>8}{'ref.fwd':>8}{'w/o ref':>8}{'est. only':>10}")
+    for name in estimators:
+        est = median([m["time/estimator_s"] for m in logged[name]])
+        share = median([m["time/estimator_s"] / m["time/step_s"] for m in logged[name]])
+        refs = ph(name, "ref_forward", 1)
+        paired = median([c / g for c, g in zip(cpu[name], cpu["grpo"], strict=True)])
+        no_ref = median([c - r for c, r in zip(cpu[name], refs, strict=True)])
+        print(f"{name:<16}{est * 1000:>8.2f}{share * 100:>7.3f}%{median(wall[name]):>8.2f}"
+              f"{(median(wall[name]) / base_w - 1) * 100:>+7.1f}%{median(cpu[name]):>7.2f}"
+              f"{(median(cpu[name]) / base_c - 1) * 100:>+7.1f}%{(paired - 1) * 100:>+7.1f}%{median(refs):>8.2f}"
+              f"{(no_ref / base_c - 1) * 100:>+7.1f}%{(est - base_est) / base_w * 100:>+9.3f}%")
+    print("est. ms, % step: pivotrl's time/estimator_s and its share of time/step_s (medians). vs grpo: median "
+          "step time over grpo's (target < +3%); paired: median over rounds of CPU(est)/CPU(grpo) in the same "
+          "round; ref.fwd: CPU s of the reference-model forward (erpo, ep_grpo); w/o ref: CPU vs grpo without it; "
+          "est. only: the estimator's own extra time over grpo's, as % of grpo's step (the rest of any "
+          "difference is timing noise: rollout, forward and backward are the same work for every estimator as long "
+          "as the longest response is the same)")
+    print(f"\ntotal benchmark wall time {total:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
