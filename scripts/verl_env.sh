@@ -23,7 +23,7 @@ trap 'echo "verl_env.sh: failed (exit $?) at line $LINENO: $BASH_COMMAND" >&2' E
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${PIVOTRL_VERL_VENV:-$ROOT/.venv-verl}"
-PYTHON="${PYTHON:-python3.11}"
+PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 STAMP="$VENV/.pivotrl-verl-stamp"
 
 # Pins: torch first (the local CPU wheel where one exists), then verl and what it imports.

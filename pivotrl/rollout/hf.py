@@ -89,16 +89,22 @@ class HFEngine:
         generator: torch.Generator | None = None,
     ) -> Rollout:
         """Like generate, from left-padded token ids (B,P) and their mask (e.g. a prompt plus a forced prefix)."""
-        prompt_ids = prompt_ids.repeat_interleave(num_samples, dim=0)
-        prompt_mask = prompt_mask.repeat_interleave(num_samples, dim=0)
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        batch = prompt_ids.shape[0]
         was_training = self.model.training
         self.model.eval()
         attention = prompt_mask.long()
         positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+        # prefill each distinct prompt once, then copy its KV cache for the G samples
         out = self.model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True)
         cache, logits = self._cache(out), out.logits[:, -1]
+        if num_samples > 1:
+            cache.batch_repeat_interleave(num_samples)
+            logits = logits.repeat_interleave(num_samples, dim=0)
+            prompt_ids = prompt_ids.repeat_interleave(num_samples, dim=0)
+            prompt_mask = prompt_mask.repeat_interleave(num_samples, dim=0)
+            attention = attention.repeat_interleave(num_samples, dim=0)
+            positions = positions.repeat_interleave(num_samples, dim=0)
+        batch = prompt_ids.shape[0]
         next_position = positions[:, -1:] + 1
         finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
         tokens: list[Tensor] = []
