@@ -152,3 +152,47 @@ def test_group_labels_need_not_be_contiguous(name: str) -> None:
     relabelled = TokenBatch(batch.rewards, batch.group_index * 1000 - 7, batch.response_mask,
                             batch.old_logprobs, batch.ref_logprobs, batch.entropies)
     assert torch.equal(compute_advantages(name, relabelled), compute_advantages(name, batch))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["uniform", "ties", "signed", "zeros"])
+def test_radix_kth_smallest_equals_kthvalue(dtype: torch.dtype, kind: str) -> None:
+    from pivotrl.algorithms.stats import kth_smallest
+
+    g = torch.Generator().manual_seed(0)
+    n = 200_003  # past the radix threshold
+    values = {
+        "uniform": torch.rand(n, generator=g, dtype=dtype) * 3,
+        "ties": torch.randint(0, 4, (n,), generator=g).to(dtype),
+        "signed": torch.randn(n, generator=g, dtype=dtype) * 1e3,
+        "zeros": torch.where(torch.rand(n, generator=g) < 0.5, 0.0, -0.0).to(dtype),
+    }[kind]
+    for k in (0, 1, n // 5, n // 2, n - 2, n - 1):
+        assert kth_smallest(values, k) == torch.kthvalue(values, k + 1).values
+
+
+def test_masked_quantile_large_equals_torch_quantile() -> None:
+    from pivotrl.algorithms.stats import masked_quantile
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(300, 700, generator=g, dtype=torch.float64)
+    mask = torch.rand(300, 700, generator=g) < 0.7
+    for q in (0.0, 0.1, 0.8, 0.95, 1.0):
+        torch.testing.assert_close(masked_quantile(x, mask, q), torch.quantile(x[mask], q), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_cell_zscore_overwrite_matches_and_copy_leaves_input(bucketed: bool) -> None:
+    from pivotrl.algorithms.stats import cell_zscore
+
+    g = torch.Generator().manual_seed(2)
+    mask = torch.rand(16, 12, generator=g) < 0.8
+    x = torch.where(mask, torch.randn(16, 12, generator=g, dtype=torch.float64), 0.0)
+    gid = torch.arange(16) // 4
+    buckets = torch.randint(0, 3, (16, 12), generator=g) if bucketed else None
+    original = x.clone()
+    copied = cell_zscore(x, mask, gid, 4, buckets, 3)
+    assert torch.equal(x, original)
+    overwritten = cell_zscore(x, mask, gid, 4, buckets, 3, overwrite=True)
+    assert overwritten.data_ptr() == x.data_ptr()
+    torch.testing.assert_close(overwritten, copied, rtol=0, atol=0)

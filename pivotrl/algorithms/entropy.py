@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from pivotrl.algorithms.baselines import broadcast_to_tokens, grpo_sequence_advantage
+from pivotrl.algorithms.baselines import grpo_sequence_advantage
 from pivotrl.algorithms.batch import TokenBatch
 from pivotrl.algorithms.registry import register_estimator
 from pivotrl.algorithms.stats import EPS_STD, cell_zscore, group_ids, masked_quantile
@@ -19,8 +19,9 @@ def high_entropy(batch: TokenBatch, *, rho: float = 0.2, norm_by_std: bool = Tru
     mask = batch.response_mask
     entropy = batch.field("entropies", "high_entropy")
     threshold = masked_quantile(entropy, mask, 1.0 - rho)
-    keep = mask & (entropy >= threshold)
-    return broadcast_to_tokens(grpo_sequence_advantage(batch, norm_by_std), keep)
+    seq_adv = grpo_sequence_advantage(batch, norm_by_std).unsqueeze(1)
+    # entropy is 0 on padding; masking after the comparison keeps a threshold of 0 from admitting padding
+    return torch.where(entropy >= threshold, seq_adv, 0.0).masked_fill_(~mask, 0.0)
 
 
 @register_estimator("entropy_shaping", requires=("entropies",))
@@ -47,18 +48,23 @@ def gtpo(
     denominator is 0 (every active O+ token has H = 0) the share is 1/d_t.
     """
     mask = batch.response_mask
-    dtype = batch.compute_dtype
-    rewards = batch.rewards.to(dtype)
+    rewards = batch.rewards.to(batch.compute_dtype)
     entropy = batch.field("entropies", "gtpo")
     gid, num_groups = group_ids(batch.group_index)
     positive = (rewards >= theta_r).unsqueeze(1)
-    weight = torch.where(positive, entropy, 1.0 / entropy.clamp(min=EPS_STD))
-    # one row per (group, side): how many responses of that side are active at t, their weight sum
+    weight = torch.where(positive, entropy, entropy.clamp(min=EPS_STD).reciprocal_()).masked_fill_(~mask, 0.0)
+    # one row per (group, side): how many responses of that side are active at t (d_t or h_t), their weight sum
     row = gid * 2 + (~positive.squeeze(1)).long()
-    m = mask.to(dtype)
-    count = entropy.new_zeros(2 * num_groups, mask.shape[1]).index_add_(0, row, m)[row]
-    total = entropy.new_zeros(2 * num_groups, mask.shape[1]).index_add_(0, row, weight * m)[row]
-    share = torch.where(total > 0, weight / torch.where(total > 0, total, 1.0), 1.0 / count.clamp(min=1))
-    bonus = alpha2 * share * count
-    token_rewards = torch.where(positive, alpha1 * rewards.unsqueeze(1) + bonus, -alpha1 - bonus) * m
-    return cell_zscore(token_rewards, mask, gid, num_groups)
+    count = weight.new_zeros(2 * num_groups, mask.shape[1]).index_add_(0, row, mask.to(weight.dtype))
+    total = weight.new_zeros(2 * num_groups, mask.shape[1]).index_add_(0, row, weight)
+    # bonus = alpha2·share·count: alpha2·weight·count/total, or alpha2 where total is 0 (share 1/count)
+    has_total = total > 0
+    bonus = weight.mul_((alpha2 * count / torch.where(has_total, total, 1.0))[row])
+    zero_total = ~has_total & (count > 0)
+    if bool(zero_total.any()):
+        bonus.add_((alpha2 * zero_total.to(bonus.dtype))[row])
+    # O+: alpha1·r + bonus, O-: -alpha1 - bonus
+    sign = torch.where(positive, 1.0, -1.0).to(bonus.dtype)
+    base = torch.where(positive, alpha1 * rewards.unsqueeze(1), -alpha1).to(bonus.dtype)
+    token_rewards = bonus.mul_(sign).add_(base).masked_fill_(~mask, 0.0)
+    return cell_zscore(token_rewards, mask, gid, num_groups, overwrite=True)

@@ -26,10 +26,10 @@ PROGRESS_MODES = ("position", "cumulative_entropy")
 
 
 def entropy_gate(batch: TokenBatch, gid: Tensor, num_groups: int, gamma: float, gate_min: float) -> Tensor:
-    """W (N,T) = max(σ(γ·z), gate_min), z the entropy z-score over the group's valid tokens."""
+    """W (N,T) = max(σ(γ·z), gate_min), z the entropy z-score over the group's valid tokens; 0 on padding."""
     entropy = batch.field("entropies", "the ERPO gate (gate=True)")
-    z = cell_zscore(entropy, batch.response_mask, gid, num_groups)
-    return z.mul_(gamma).sigmoid_().clamp_(min=gate_min)
+    z = cell_zscore(entropy, batch.response_mask, gid, num_groups, overwrite=True)
+    return z.mul_(gamma).sigmoid_().clamp_(min=gate_min).masked_fill_(~batch.response_mask, 0.0)
 
 
 def progress_buckets(batch: TokenBatch, num_buckets: int, progress: str) -> Tensor:
@@ -39,18 +39,23 @@ def progress_buckets(batch: TokenBatch, num_buckets: int, progress: str) -> Tens
     cumulative_entropy: min(⌊K·S_t/S_T⌋, K-1), S the running entropy sum;
     a response with zero total entropy uses the position buckets.
     """
-    mask = batch.response_mask
-    lengths = batch.lengths.unsqueeze(1).to(torch.int32).clamp(min=1)
+    if progress == "cumulative_entropy":
+        spent = batch.field("entropies", "progress='cumulative_entropy'").clamp_(min=0).cumsum(dim=1)
+        total = spent[:, -1:].clone()
+        spent_any = total > 0
+        by_entropy = spent.mul_(num_buckets).div_(torch.where(spent_any, total, 1.0)).floor_().clamp_(max=num_buckets - 1)
+        if bool(spent_any.all()):
+            return by_entropy.long()
+        return torch.where(spent_any, by_entropy.long(), position_buckets(batch.response_mask, num_buckets))
+    return position_buckets(batch.response_mask, num_buckets)
+
+
+def position_buckets(mask: Tensor, num_buckets: int) -> Tensor:
+    """⌊K·t/T_i⌋ (N,T) int64, t counted over valid tokens; padding keeps an in-range bucket."""
+    lengths = mask.sum(dim=1, keepdim=True, dtype=torch.int32).clamp_(min=1)
     # int32 and in place: int64 cumsum and division are several times slower on CPU
     index = mask.cumsum(dim=1, dtype=torch.int32).sub_(1).clamp_(min=0)
-    buckets = index.mul_(num_buckets).div_(lengths, rounding_mode="floor")
-    if progress == "cumulative_entropy":
-        spent = batch.field("entropies", "progress='cumulative_entropy'").clamp(min=0).cumsum(dim=1)
-        total = spent[:, -1:]
-        by_entropy = torch.floor(num_buckets * spent / torch.where(total > 0, total, 1.0))
-        buckets = torch.where(total > 0, by_entropy.clamp(max=num_buckets - 1).to(torch.int32), buckets)
-    # padding positions keep an in-range bucket; their values are zero, so they add nothing to a cell
-    return buckets.long()
+    return index.mul_(num_buckets).div_(lengths, rounding_mode="floor").long()
 
 
 def normalised_process_signal(
@@ -58,11 +63,13 @@ def normalised_process_signal(
     buckets: bool, progress: str, s_eps: float,
 ) -> Tensor:
     """s̃ (N,T): β_p·(ℓ^old − ℓ^ref) z-scored within (group, bucket) cells (whole group if not buckets)."""
-    old = batch.field("old_logprobs", "ERPO")
-    ref = batch.field("ref_logprobs", "ERPO's process term (eta != 0)")
-    signal = (old - ref).mul_(beta_p)
+    if batch.ref_logprobs is None:
+        raise ValueError("ERPO's process term (eta != 0) needs TokenBatch.ref_logprobs, which is None")
+    dtype = batch.compute_dtype
+    signal = torch.sub(batch.old_logprobs.to(dtype), batch.ref_logprobs.to(dtype))
+    signal.masked_fill_(~batch.response_mask, 0.0).mul_(beta_p)
     cells = progress_buckets(batch, num_buckets, progress) if buckets else None
-    return cell_zscore(signal, batch.response_mask, gid, num_groups, cells, num_buckets, eps=s_eps)
+    return cell_zscore(signal, batch.response_mask, gid, num_groups, cells, num_buckets, eps=s_eps, overwrite=True)
 
 
 def _erpo_requires(hp: dict[str, Any]) -> list[str]:
@@ -101,15 +108,13 @@ def erpo(
     mask = batch.response_mask
     gid, num_groups = group_ids(batch.group_index)
     seq_adv = grpo_sequence_advantage(batch, norm_by_std).unsqueeze(1)
-    if not gate:
-        adv = torch.where(mask, seq_adv, 0.0)
-        weight: Tensor | float = 1.0
-    else:
-        weight = entropy_gate(batch, gid, num_groups, gamma, gate_min).masked_fill_(~mask, 0.0)
+    # A = W·(Â/mean(W) + η·d·s̃), with W = 1 without the gate
+    if gate:
+        weight = entropy_gate(batch, gid, num_groups, gamma, gate_min)
         mean_weight = weight.sum(dim=1, keepdim=True) / batch.lengths.unsqueeze(1).clamp(min=1)
-        adv = weight * (seq_adv / torch.where(mean_weight > 0, mean_weight, 1.0))
+        seq_adv_scaled = seq_adv / torch.where(mean_weight > 0, mean_weight, 1.0)
     if eta == 0:
-        return adv
+        return weight.mul_(seq_adv_scaled) if gate else torch.where(mask, seq_adv, 0.0)
     s_tilde = normalised_process_signal(
         batch, gid, num_groups, beta_p=beta_p, num_buckets=num_buckets,
         buckets=buckets, progress=progress, s_eps=s_eps,
@@ -122,8 +127,9 @@ def erpo(
             stats = group_reward_stats(batch.rewards.to(seq_adv.dtype), gid, num_groups)
             fallback = torch.sign(batch.rewards.to(seq_adv.dtype) - theta_r)
             direction = torch.where(stats.zero_variance, fallback, direction.squeeze(1)).unsqueeze(1)
-    # s_tilde is 0 on padding, and so is adv
-    return s_tilde.mul_(weight).mul_(eta * direction).add_(adv)
+    if not gate:
+        return s_tilde.mul_(eta * direction).add_(seq_adv).masked_fill_(~mask, 0.0)
+    return s_tilde.mul_(eta * direction).add_(seq_adv_scaled).mul_(weight)  # W is 0 on padding
 
 
 @register_estimator("ep_grpo", requires=_erpo_requires)
