@@ -131,6 +131,7 @@ def compare(
     seeds: Annotated[int, typer.Option(help="Seeds per method")] = 3,
     output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Folder of the runs and the report")] = Path("runs/compare"),
     ablate: Annotated[str | None, typer.Option(help="Ablate erpo or ep_grpo: full, no gate, no buckets, no anchor")] = None,
+    jobs: Annotated[int, typer.Option(help="Runs trained side by side, one process each")] = 1,
 ) -> None:
     """Train several methods with everything else equal, then write report.md and plots."""
     from pivotrl.analysis.compare import run_comparison
@@ -139,7 +140,7 @@ def compare(
 
     try:
         report = run_comparison(config, [m.strip() for m in methods.split(",") if m.strip()], seeds, output_dir,
-                                ablate=ablate, extra=list(ctx.args))
+                                ablate=ablate, extra=list(ctx.args), jobs=jobs)
     except (ConfigError, TrainingAborted, ValueError) as err:
         typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -48,6 +49,20 @@ def test_compare_is_resumable(comparison: Path) -> None:
     run_comparison(recipe_path("smoke"), ["grpo", "erpo"], 2, comparison, extra=["eval.every=2", "train.max_steps=4"])
     after = {p: p.stat().st_mtime for p in (comparison / "runs").rglob("summary.json")}
     assert before == after  # finished runs were not trained again
+
+
+def test_compare_jobs_in_parallel_log_the_same_metrics(comparison: Path, tmp_path: Path) -> None:
+    run_comparison(recipe_path("smoke"), ["grpo"], 2, tmp_path, extra=["eval.every=2", "train.max_steps=4"], jobs=2)
+
+    def untimed(run: Path) -> list[dict]:
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "tokens_per_s"} for r in rows]
+
+    for seed in (0, 1):
+        name = f"grpo-seed{seed}"
+        assert untimed(tmp_path / "runs" / name) == untimed(comparison / "runs" / name)
+    with pytest.raises(ValueError, match="--jobs"):
+        run_comparison(recipe_path("smoke"), ["grpo"], 1, tmp_path, jobs=0)
 
 
 def test_report_over_existing_folders_gives_the_same_table(comparison: Path, tmp_path: Path) -> None:

@@ -52,29 +52,57 @@ def plan_runs(methods: list[str], seeds: int, ablate: str | None = None) -> list
 
 
 def run_comparison(config: Path | None, methods: list[str], seeds: int, output_dir: Path, *,
-                   ablate: str | None = None, extra: list[str] = (), console: Console | None = None) -> Path:
-    """Train every (method, seed) not yet finished (resuming unfinished ones), then write the report."""
+                   ablate: str | None = None, extra: list[str] = (), jobs: int = 1,
+                   console: Console | None = None) -> Path:
+    """Train every (method, seed) not yet finished (resuming unfinished ones), then write the report.
+
+    jobs > 1 trains that many runs side by side in separate processes (set train.num_threads
+    so that jobs x threads does not exceed the cores).
+    """
     from pivotrl.analysis.report import write_report
     from pivotrl.analysis.runs import read_run
     from pivotrl.train.config import load_config
     from pivotrl.train.recipes import default_config_path
-    from pivotrl.train.trainer import Trainer
 
+    if jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {jobs}")
     console = console or Console()
     plan = plan_runs(methods, seeds, ablate)
     base = config if config is not None else default_config_path()
-    records = []
+    pending, run_dirs = [], []
     for i, (label, seed, overrides) in enumerate(plan, 1):
         run_dir = output_dir / "runs" / f"{label.replace(':', '-')}-seed{seed}"
         cfg = load_config(base, [*extra, *overrides, f"train.seed={seed}", f"output_dir={run_dir}"])
+        run_dirs.append((label, run_dir))
         if (run_dir / "summary.json").is_file():
             console.print(f"[{i}/{len(plan)}] {label} seed {seed}: done already ({run_dir})")
         else:
-            console.print(f"[{i}/{len(plan)}] {label} seed {seed} -> {run_dir}")
-            Trainer(cfg, resume=True, console=console).run()
-        records.append(read_run(run_dir, label=label))
+            pending.append((f"[{i}/{len(plan)}] {label} seed {seed} -> {run_dir}", cfg))
+    if jobs == 1:
+        for message, cfg in pending:
+            console.print(message)
+            _train(cfg, console)
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = []
+            for message, cfg in pending:
+                console.print(message)
+                futures.append(pool.submit(_train, cfg))
+            for future in futures:
+                future.result()  # re-raises a run's error here
+    records = [read_run(run_dir, label=label) for label, run_dir in run_dirs]
     notes = _notes(base, extra, ablate)
     return write_report(records, output_dir, title="pivotrl compare", notes=notes)
+
+
+def _train(cfg: Any, console: Console | None = None) -> None:
+    """One run to its end, resuming from its newest checkpoint (top level, so a worker process can run it)."""
+    from pivotrl.train.trainer import Trainer
+
+    Trainer(cfg, resume=True, console=console or Console()).run()
 
 
 def _notes(base: Path, extra: list[str], ablate: str | None) -> str:
