@@ -72,10 +72,11 @@ def plot_metric(groups: dict[str, list[RunRecord]], key: str, path: Path) -> Pat
         if not steps:
             continue
         mean = [statistics.fmean(row) for row in table]
-        line, = ax.plot(steps, mean, label=f"{method} (n={len(curves)})", linewidth=1.6)
+        line, = ax.plot(steps, mean, label=f"{method} (n={len(curves)})", linewidth=1.6,
+                        marker="o" if len(steps) <= 12 else None, markersize=3)
         if len(curves) > 1:
             ax.fill_between(steps, [min(r) for r in table], [max(r) for r in table], color=line.get_color(), alpha=0.18)
-    ax.set_title(f"{title} vs training step (line: mean over seeds; band: min-max)")
+    ax.set_title(f"{title} vs training step\n(line: mean over seeds; band: min to max over seeds)", fontsize=10)
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
