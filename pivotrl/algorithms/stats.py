@@ -101,28 +101,32 @@ def masked_quantile(x: Tensor, mask: Tensor, q: float) -> Tensor:
         return x.new_full((), torch.nan)
     pos = q * (n - 1)
     lo = int(pos)
-    v_lo = kth_smallest(values, lo)
     if lo + 1 >= n or pos == lo:
-        return v_lo
-    v_hi = kth_smallest(values, lo + 1)
+        return kth_smallest(values, [lo])[0]
+    v_lo, v_hi = kth_smallest(values, [lo, lo + 1])
     return v_lo + (pos - lo) * (v_hi - v_lo)
 
 
-def kth_smallest(values: Tensor, k: int) -> Tensor:
-    """The k-th smallest (0-based) of a 1-D float tensor, exactly, as a 0-dim tensor.
+def kth_smallest(values: Tensor, ks: list[int]) -> list[Tensor]:
+    """The k-th smallest (0-based) of a 1-D float tensor for each k in ks, exactly, as 0-dim tensors.
 
-    Radix selection: a histogram of the top 16 bits of each value's order-preserving
-    integer key finds the bin holding rank k, and kthvalue runs on that bin only.
+    Radix selection: one histogram of the top 16 bits of each value's order-preserving
+    integer key finds the bin holding each rank, and kthvalue runs inside that bin only.
     Several times faster than kthvalue over millions of values on a CPU.
     """
     if values.dtype not in (torch.float32, torch.float64) or values.numel() < 65536:
-        return torch.kthvalue(values, k + 1).values
+        return [torch.kthvalue(values, k + 1).values for k in ks]
     int_dtype, bits = (torch.int32, 32) if values.dtype == torch.float32 else (torch.int64, 64)
     key = values.view(int_dtype)
     # flip the magnitude bits of negative floats so that integer order equals float order
     key = key ^ ((key >> (bits - 1)) & ((1 << (bits - 1)) - 1))
     top = (key >> (bits - 16)).add_(1 << 15).long()
     below = torch.bincount(top, minlength=1 << 16).cumsum(0)
-    b = int(torch.searchsorted(below, k, right=True))
-    before = int(below[b - 1]) if b > 0 else 0
-    return torch.kthvalue(values[top == b], k - before + 1).values
+    out, members = [], {}
+    for k in ks:
+        b = int(torch.searchsorted(below, k, right=True))
+        before = int(below[b - 1]) if b > 0 else 0
+        if b not in members:
+            members[b] = values[top == b]
+        out.append(torch.kthvalue(members[b], k - before + 1).values)
+    return out
