@@ -84,3 +84,16 @@ def describe(model: Any) -> str:
     n = sum(p.numel() for p in model.parameters())
     p = next(model.parameters())
     return f"{type(model).__name__}, {n / 1e6:.2f} M parameters, {str(p.dtype).split('.')[-1]} on {p.device}"
+
+
+def cache_kwarg(module: torch.nn.Module) -> str:
+    """The name a model's forward gives its KV-cache argument ('cache' from transformers 5.x, else 'past_key_values')."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
+def output_cache(output: Any) -> Any:
+    """The KV cache a forward returned, under either attribute name."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)

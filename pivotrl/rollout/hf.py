@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import Tensor
 
+from pivotrl.modeling.policy import cache_kwarg, output_cache
 from pivotrl.rollout.base import Rollout
 
 
@@ -35,9 +34,7 @@ class HFEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.max_prompt_tokens = max_prompt_tokens
-        # transformers >= 5.x names the KV cache argument `cache`, earlier releases `past_key_values`
-        params = inspect.signature(model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._cache_arg = cache_kwarg(model)
 
     def sync_weights(self) -> None:
         """Nothing to do: this engine samples from the policy module itself."""
@@ -51,12 +48,6 @@ class HFEngine:
         )
         device = next(self.model.parameters()).device
         return enc["input_ids"].to(device), enc["attention_mask"].to(device)
-
-    @staticmethod
-    def _cache(output: object) -> object:
-        """The KV cache a forward returned, under either attribute name."""
-        cache = getattr(output, "cache", None)
-        return cache if cache is not None else output.past_key_values
 
     @torch.no_grad()
     def generate(
@@ -96,7 +87,7 @@ class HFEngine:
         positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
         # prefill each distinct prompt once, then copy its KV cache for the G samples
         out = self.model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True)
-        cache, logits = self._cache(out), out.logits[:, -1]
+        cache, logits = output_cache(out), out.logits[:, -1]
         if num_samples > 1:
             cache.batch_repeat_interleave(num_samples)
             logits = logits.repeat_interleave(num_samples, dim=0)
@@ -118,7 +109,7 @@ class HFEngine:
             attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
             out = self.model(input_ids=token.unsqueeze(1), attention_mask=attention, position_ids=next_position,
                              use_cache=True, **{self._cache_arg: cache})
-            cache, logits = self._cache(out), out.logits[:, -1]
+            cache, logits = output_cache(out), out.logits[:, -1]
             next_position = next_position + 1
         self.model.train(was_training)
         response_ids = torch.stack(tokens, dim=1)
