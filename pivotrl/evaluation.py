@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from pivotrl.rewards import extract_answer, extract_math_answer, trace_validity
+from pivotrl.rewards import extract_answer, extract_math_answer, format_reward, trace_validity
 from pivotrl.rewards.safe import safe_score
 from pivotrl.rollout import RolloutEngine
 from pivotrl.tasks.base import Problem, Task
@@ -56,14 +56,22 @@ def evaluate_policy(
     batch_size: int = 256,
     seed: int = 0,
     samples_path: str | Path | None = None,
+    num_examples: int = 0,
 ) -> dict[str, Any]:
-    """Sample k completions per problem and score them; optionally write every sample as jsonl."""
+    """Sample k completions per problem and score them; optionally write every sample as jsonl.
+
+    Returns accuracy (pass@1 averaged over the k samples), pass@k, maj@k, mean_length,
+    format (share of samples in the think/answer layout), trace_validity_correct and,
+    with num_examples > 0, the first samples as {"prompt", "response", "score"}.
+    """
     if len(prompts) != len(problems):
         raise ValueError(f"{len(prompts)} prompts for {len(problems)} problems")
     k = samples_per_problem
     generator = torch.Generator().manual_seed(seed)
     per_batch = max(1, batch_size // k)
     correct, pass_k, maj_k, lengths, validity = [], [], [], [], []
+    formatted = 0.0
+    examples: list[dict[str, Any]] = []
     sink = None
     if samples_path is not None:
         Path(samples_path).parent.mkdir(parents=True, exist_ok=True)
@@ -83,9 +91,12 @@ def evaluate_policy(
                 maj_k.append(majority_correct(texts, scores))
                 lengths.extend(lens[j * k : (j + 1) * k])
                 for t, s in zip(texts, scores, strict=True):
+                    formatted += format_reward(t)
                     v = trace_validity(t) if s >= 1.0 else None
                     if v is not None:
                         validity.append(v)
+                    if len(examples) < num_examples:
+                        examples.append({"prompt": problem.prompt, "response": t, "score": s})
                 if sink is not None:
                     for g, (t, s) in enumerate(zip(texts, scores, strict=True)):
                         sink.write(json.dumps({"problem": start + j, "sample": g, "prompt": problem.prompt,
@@ -100,7 +111,9 @@ def evaluate_policy(
         f"pass@{k}": sum(pass_k) / n,
         f"maj@{k}": sum(maj_k) / n,
         "mean_length": sum(lengths) / max(len(lengths), 1),
+        "format": formatted / max(len(lengths), 1),
         "trace_validity_correct": sum(validity) / len(validity) if validity else None,
         "num_problems": len(problems),
         "samples_per_problem": k,
+        **({"examples": examples} if num_examples > 0 else {}),
     }

@@ -281,7 +281,6 @@ def pretrain(
 # -- evaluation --------------------------------------------------------------------
 
 
-@torch.no_grad()
 def heldout_accuracy(
     model: Any,
     tokenizer: Any,
@@ -295,72 +294,26 @@ def heldout_accuracy(
     split: str = "test",
     chat: bool = False,
 ) -> dict[str, Any]:
-    """Share of the first ``n`` problems of ``split`` that sampled responses solve.
+    """Share of the first ``n`` problems of ``split`` that one sampled response each solves.
 
-    One sample per problem, ``model.generate(do_sample=True, temperature=...,
-    top_k=0, top_p=1.0)`` (``temperature=0`` means greedy), batched with left
-    padding; the torch RNG is seeded with ``seed`` and restored afterwards.
-    Returns ``{"accuracy", "format", "n", "mean_response_tokens", "temperature", "examples"}``
-    (``format``: share in the exact think/answer layout; ``examples``: the first few responses).
+    :func:`pivotrl.evaluation.evaluate_policy` with the HF engine (``temperature=0``
+    means greedy; sampling draws from a generator seeded with ``seed``, leaving the
+    global RNG alone). Returns ``{"accuracy", "format", "n", "mean_response_tokens",
+    "temperature", "seed", "examples"}`` (``format``: share in the exact think/answer
+    layout; ``examples``: the first eight responses).
     """
-    from pivotrl.rewards import format_reward
+    from pivotrl.evaluation import evaluate_policy
+    from pivotrl.rollout.hf import HFEngine
 
-    problems = task.problems(split)[:n]
+    problems = list(task.problems(split)[:n])
     if not problems:
         raise ValueError(f"task {task.name!r} has no {split} problems")
-    old_side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    was_training = model.training
-    model.eval()
-    solved = formatted = 0.0
-    lengths = 0
-    examples: list[dict[str, Any]] = []
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            for i in range(0, len(problems), batch_size):
-                chunk = problems[i : i + batch_size]
-                prompts = [task.format_prompt(p, tokenizer=tokenizer, chat=chat) for p in chunk]
-                enc = tokenizer(prompts, return_tensors="pt", padding=True).to(model.device)
-                sampling = (
-                    {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-                    if temperature > 0
-                    else {"do_sample": False}
-                )
-                out = model.generate(
-                    **enc,
-                    max_new_tokens=max_new_tokens,
-                    pad_token_id=tokenizer.pad_token_id,
-                    eos_token_id=tokenizer.eos_token_id,
-                    **sampling,
-                )
-                new = out[:, enc["input_ids"].shape[1] :]
-                for problem, ids in zip(chunk, new, strict=True):
-                    ids = ids.tolist()
-                    if tokenizer.eos_token_id in ids:
-                        ids = ids[: ids.index(tokenizer.eos_token_id) + 1]
-                    lengths += len(ids)
-                    text = tokenizer.decode(ids, skip_special_tokens=True)
-                    score = task.score(text, problem)
-                    solved += score
-                    formatted += format_reward(text)
-                    if len(examples) < 8:
-                        examples.append(
-                            {"prompt": problem.prompt, "response": text, "score": score}
-                        )
-    finally:
-        tokenizer.padding_side = old_side
-        model.train(was_training)
-    m = len(problems)
-    return {
-        "accuracy": solved / m,
-        "format": formatted / m,
-        "n": m,
-        "mean_response_tokens": lengths / m,
-        "temperature": temperature,
-        "seed": seed,
-        "examples": examples,
-    }
+    prompts = [task.format_prompt(p, tokenizer=tokenizer, chat=chat) for p in problems]
+    result = evaluate_policy(HFEngine(model, tokenizer), task, problems, prompts=prompts, temperature=temperature,
+                             max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, num_examples=8)
+    return {"accuracy": result["accuracy"], "format": result["format"], "n": len(problems),
+            "mean_response_tokens": result["mean_length"], "temperature": temperature, "seed": seed,
+            "examples": result["examples"]}
 
 
 # -- the command line ------------------------------------------------------------------
