@@ -36,16 +36,20 @@ def timed(name: str, batch: TokenBatch) -> float:
     return time.perf_counter() - start
 
 
-def time_against_grpo(name: str, batch: TokenBatch, repeats: int) -> tuple[float, float]:
-    """(median seconds, median ratio to grpo), grpo and `name` timed alternately so drift cancels."""
-    compute_advantages(name, batch)  # warm-up
-    times, ratios = [], []
+def time_against_grpo(name: str, batch: TokenBatch, repeats: int) -> tuple[float, float, float, float]:
+    """(median seconds, grpo's median seconds, median ratio, ratio of medians), grpo and `name`
+    timed alternately (grpo just before each run of `name`) so that drift cancels; both warmed first."""
+    for warm in ("grpo", name):
+        compute_advantages(warm, batch)
+    times, bases, ratios = [], [], []
     for _ in range(repeats):
         base = timed("grpo", batch)
         seconds = timed(name, batch)
         times.append(seconds)
+        bases.append(base)
         ratios.append(seconds / base)
-    return statistics.median(times), statistics.median(ratios)
+    median, base_median = statistics.median(times), statistics.median(bases)
+    return median, base_median, statistics.median(ratios), median / base_median
 
 
 def main() -> None:
@@ -58,12 +62,12 @@ def main() -> None:
     args = parser.parse_args()
     batch = random_batch(args.responses, args.tokens, args.group_size)
     print(f"{args.responses} responses x {args.tokens} tokens, groups of {args.group_size}, "
-          f"{torch.get_num_threads()} threads, float32; ratio = median over rounds of (estimator / grpo "
-          "timed just before it)")
-    print(f"{'estimator':<16}{'median s':>10}{'x grpo':>9}")
+          f"{torch.get_num_threads()} threads, float32; x grpo = median over rounds of (estimator / grpo "
+          "timed just before it); x med = ratio of the two medians")
+    print(f"{'estimator':<16}{'median s':>10}{'grpo s':>9}{'x grpo':>8}{'x med':>8}")
     for name in ESTIMATORS:
-        seconds, ratio = time_against_grpo(name, batch, args.repeats)
-        print(f"{name:<16}{seconds:>10.4f}{ratio:>9.2f}")
+        seconds, base, ratio, of_medians = time_against_grpo(name, batch, args.repeats)
+        print(f"{name:<16}{seconds:>10.4f}{base:>9.4f}{ratio:>8.2f}{of_medians:>8.2f}")
 
 
 if __name__ == "__main__":

@@ -196,3 +196,117 @@ def test_cell_zscore_overwrite_matches_and_copy_leaves_input(bucketed: bool) -> 
     overwritten = cell_zscore(x, mask, gid, 4, buckets, 3, overwrite=True)
     assert overwritten.data_ptr() == x.data_ptr()
     torch.testing.assert_close(overwritten, copied, rtol=0, atol=0)
+
+
+def with_mask(batch: TokenBatch, mask: torch.Tensor, padding: float = 0.0) -> TokenBatch:
+    """batch with another mask; the token fields hold `padding` (e.g. NaN) off the mask."""
+    def fill(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else torch.where(mask, x, padding)
+    return TokenBatch(batch.rewards, batch.group_index, mask, fill(batch.old_logprobs),
+                      fill(batch.ref_logprobs), fill(batch.entropies))
+
+
+def holed(batch: TokenBatch, seed: int) -> TokenBatch:
+    """The same batch with random holes in its masks (valid tokens no longer a prefix)."""
+    g = torch.Generator().manual_seed(seed)
+    return with_mask(batch, batch.response_mask & (torch.rand(batch.response_mask.shape, generator=g) < 0.7))
+
+
+@PROFILE
+@given(batch=batches, K=st.integers(1, 4), seed=st.integers(0, 1000))
+def test_erpo_and_ep_grpo_match_the_loop_reference_with_holes_in_the_mask(batch: TokenBatch, K: int, seed: int) -> None:
+    batch = holed(batch, seed)
+    expected = torch.tensor(erpo_reference(batch, K=K), dtype=torch.float64)
+    torch.testing.assert_close(compute_advantages("erpo", batch, num_buckets=K), expected, atol=1e-9, rtol=1e-9)
+    expected = torch.tensor(erpo_reference(batch, K=K, progress="cumulative_entropy", fallback=True), dtype=torch.float64)
+    torch.testing.assert_close(compute_advantages("ep_grpo", batch, num_buckets=K), expected, atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("chunk", [4, 16])
+@pytest.mark.parametrize("width", [37, 64])
+def test_erpo_and_ep_grpo_on_long_responses_match_the_loop_reference(
+    chunk: int, width: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # long enough that the chunked segment sums and the per-run affine map take their whole-chunk paths
+    from pivotrl.algorithms import stats
+
+    monkeypatch.setattr(stats, "SUM_CHUNK", chunk)
+    monkeypatch.setattr(stats, "AFFINE_CHUNK", chunk)
+    batch = random_batch(n_groups=3, group_size=4, width=width, seed=5)
+    for b in (batch, holed(batch, 6)):
+        for kw, ref in ((dict(num_buckets=7), dict(K=7)), (dict(num_buckets=10, beta_p=-0.3), dict(K=10, beta_p=-0.3))):
+            expected = torch.tensor(erpo_reference(b, **ref), dtype=torch.float64)
+            torch.testing.assert_close(compute_advantages("erpo", b, **kw), expected, atol=1e-9, rtol=1e-9)
+            expected = torch.tensor(erpo_reference(b, progress="cumulative_entropy", fallback=True, **ref),
+                                    dtype=torch.float64)
+            torch.testing.assert_close(compute_advantages("ep_grpo", b, **kw), expected, atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_nan_padding_is_ignored(name: str) -> None:
+    batch = random_batch(n_groups=3, group_size=4, width=40, seed=7)
+    for b in (batch, holed(batch, 8)):
+        nan = with_mask(b, b.response_mask, padding=torch.nan)
+        torch.testing.assert_close(compute_advantages(name, nan), compute_advantages(name, b), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["gtpo", "erpo", "ep_grpo"])
+def test_right_padding_fast_path_equals_the_general_path(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pivotrl.algorithms import entropy, erpo
+
+    batch = random_batch(n_groups=4, group_size=5, width=50, seed=9)
+    fast = compute_advantages(name, batch)
+    monkeypatch.setattr(erpo, "is_prefix_mask", lambda mask: False)
+    monkeypatch.setattr(entropy, "is_prefix_mask", lambda mask: False)
+    torch.testing.assert_close(compute_advantages(name, batch), fast, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 8])
+@pytest.mark.parametrize("width", [1, 5, 8, 17, 40])
+def test_segment_sums_and_segment_affine_match_a_loop(chunk: int, width: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pivotrl.algorithms import stats
+
+    monkeypatch.setattr(stats, "SUM_CHUNK", chunk)
+    monkeypatch.setattr(stats, "AFFINE_CHUNK", chunk)
+    g = torch.Generator().manual_seed(chunk * 100 + width)
+    n, cells = 7, 5
+    x = torch.randn(n, width, generator=g, dtype=torch.float64)
+    bounds = torch.sort(torch.randint(0, width + 1, (n, cells + 1), generator=g), dim=1).values
+    bounds[:, 0] = 0
+    bounds[0, 2:4] = bounds[0, 2]  # an empty segment
+    total, squares = stats.segment_sums(x, bounds, squares=True)
+    for i in range(n):
+        for b in range(cells):
+            run = x[i, bounds[i, b] : bounds[i, b + 1]]
+            torch.testing.assert_close(total[i, b], run.sum(), atol=1e-12, rtol=0)
+            torch.testing.assert_close(squares[i, b], (run * run).sum(), atol=1e-12, rtol=0)
+    scale = torch.randn(n, cells + 1, generator=g, dtype=torch.float64)
+    offset = torch.randn(n, cells + 1, generator=g, dtype=torch.float64)
+    out = stats.segment_affine_(x.clone(), scale, offset, bounds[:, 1:])
+    for i in range(n):
+        for t in range(width):
+            b = int((bounds[i, 1:] <= t).sum())
+            torch.testing.assert_close(out[i, t], offset[i, b] + scale[i, b] * x[i, t], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_masked_quantile_ignores_padding_values(dtype: torch.dtype) -> None:
+    from pivotrl.algorithms.stats import masked_quantile
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(300, 700, generator=g, dtype=dtype)
+    mask = torch.rand(300, 700, generator=g) < 0.6
+    garbage = torch.where(mask, x, torch.tensor([torch.nan, torch.inf, -torch.inf, -1e30], dtype=dtype).repeat(175))
+    tol = 1e-6 if dtype == torch.float32 else 1e-12  # interpolation rounds differently from torch.quantile's
+    for q in (0.0, 0.2, 0.8, 1.0):
+        torch.testing.assert_close(masked_quantile(garbage, mask, q), torch.quantile(x[mask], q), rtol=tol, atol=0)
+
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+@pytest.mark.parametrize("shape", [(0, 5), (4, 0), (0, 0)])
+def test_empty_batches_give_empty_advantages(name: str, shape: tuple[int, int]) -> None:
+    n, width = shape
+    batch = TokenBatch(torch.rand(n), torch.arange(n) // 2, torch.ones(n, width, dtype=torch.bool),
+                       torch.rand(n, width), torch.rand(n, width), torch.rand(n, width))
+    assert compute_advantages(name, batch).shape == shape

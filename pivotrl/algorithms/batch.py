@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from pivotrl.algorithms.stats import valid_lengths
+
 OPTIONAL_FIELDS = ("ref_logprobs", "entropies")
 
 
@@ -56,7 +58,7 @@ class TokenBatch:
     @property
     def lengths(self) -> Tensor:
         """(N,) int64: number of valid response tokens per response."""
-        return self.response_mask.sum(dim=1)
+        return valid_lengths(self.response_mask)
 
     def field(self, name: str, needed_by: str) -> Tensor:
         """The optional field `name` in compute dtype, zero on padding; ValueError if absent."""
