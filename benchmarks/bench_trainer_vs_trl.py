@@ -2,7 +2,8 @@
 
     python benchmarks/bench_trainer_vs_trl.py [--prompts 32] [--group-size 8] [--max-new-tokens 34]
         [--steps 5] [--warmup 1] [--threads 1] [--model auto|tiny|tiny-random]
-        [--estimators grpo,erpo,ep_grpo,gtpo,high_entropy,entropy_shaping] [--no-trl]
+        [--estimators grpo,erpo,ep_grpo,gtpo,high_entropy,entropy_shaping] [--no-trl | --trl-only]
+    python benchmarks/bench_trainer_vs_trl.py --isolated 4 [--model ...]   # TRL and pivotrl in separate processes
 
 Both trainers get the same tiny LlamaForCausalLM (built or read once, saved to a temporary
 folder, loaded by each), the same countdown training problems and prompt text, P prompts x G
@@ -27,12 +28,16 @@ are dropped and medians are reported. The estimator share uses pivotrl's own
 `time/estimator_s` / `time/step_s`. Wall and process-CPU time are both reported; on a machine
 shared with other jobs CPU time is the steadier one, and one thread per system is the default
 because two OpenMP threads on two busy cores stall at every barrier (steps 3-4x slower, noisier).
+Sharing one process can slow one system through the other's allocations (TRL's step measured
+10-20% slower next to pivotrl's than alone), so --isolated N runs each system in its own
+process, N pairs in alternating order, and reports that ratio as well.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import statistics
 import tempfile
@@ -169,6 +174,40 @@ def make_trl(model_dir: Path, out: Path, args: argparse.Namespace, problems: lis
     return trainer
 
 
+def run_isolated(args: argparse.Namespace) -> None:
+    """Time TRL and pivotrl grpo in separate processes, N pairs in alternating order, and print the ratio."""
+    import subprocess
+    import sys
+
+    common = [sys.executable, __file__, "--prompts", str(args.prompts), "--group-size", str(args.group_size),
+              "--max-new-tokens", str(args.max_new_tokens), "--steps", str(args.steps), "--warmup", str(args.warmup),
+              "--threads", str(args.threads), "--model", args.model]
+    cpu: dict[str, list[float]] = defaultdict(list)
+    wall: dict[str, list[float]] = defaultdict(list)
+    pair_ratios = []
+    with tempfile.TemporaryDirectory(prefix="bench_trl_isolated_") as tmp:
+        for k in range(args.isolated):
+            order = [("trl", "--trl-only"), ("grpo", "--no-trl")]
+            medians = {}
+            for name, flag in order if k % 2 == 0 else order[::-1]:
+                out = Path(tmp) / f"{name}-{k}.json"
+                extra = ["--estimators", "grpo"] if name == "grpo" else []
+                subprocess.run([*common, flag, *extra, "--json", str(out)], check=True, stdout=subprocess.DEVNULL)
+                times = json.loads(out.read_text())
+                cpu[name] += times["cpu"][name]
+                wall[name] += times["wall"][name]
+                medians[name] = median(times["cpu"][name])
+            pair_ratios.append(medians["grpo"] / medians["trl"])
+            print(f"pair {k + 1}: CPU s per step TRL {medians['trl']:.2f}, pivotrl grpo {medians['grpo']:.2f}, "
+                  f"ratio {pair_ratios[-1]:.3f}", flush=True)
+    print(f"isolated processes, {args.isolated} pairs x {args.steps} steps: median step CPU s TRL "
+          f"{median(cpu['trl']):.2f}, pivotrl grpo {median(cpu['grpo']):.2f}; wall s TRL {median(wall['trl']):.2f}, "
+          f"pivotrl grpo {median(wall['grpo']):.2f}")
+    print(f"pivotrl grpo+ppo step / TRL step: CPU {median(cpu['grpo']) / median(cpu['trl']):.3f}, wall "
+          f"{median(wall['grpo']) / median(wall['trl']):.3f} (ratio of medians); per-pair CPU ratio median "
+          f"{median(pair_ratios):.3f} [{min(pair_ratios):.3f}-{max(pair_ratios):.3f}]  [target <= 0.7]")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=32, help="prompts per step (P)")
@@ -182,8 +221,19 @@ def main() -> None:
     parser.add_argument("--estimators", default=",".join(TOKEN_LEVEL),
                         help="pivotrl estimators to time, comma-separated (grpo is always included)")
     parser.add_argument("--no-trl", action="store_true", help="time pivotrl only")
+    parser.add_argument("--trl-only", action="store_true",
+                        help="time TRL only (run it and --no-trl as two processes to rule out cross-talk between the two)")
+    parser.add_argument("--isolated", type=int, default=0, metavar="N",
+                        help="instead: N pairs of processes, one timing TRL only and one pivotrl grpo only, in "
+                             "alternating order; reports the ratio free of any cross-talk inside one process")
+    parser.add_argument("--json", type=Path, help="also write every timed step's wall and CPU seconds here")
     args = parser.parse_args()
-    estimators = ["grpo"] + [e for e in args.estimators.split(",") if e and e != "grpo"]
+    if args.no_trl and args.trl_only:
+        parser.error("--no-trl and --trl-only exclude each other")
+    if args.isolated:
+        run_isolated(args)
+        return
+    estimators = [] if args.trl_only else ["grpo"] + [e for e in args.estimators.split(",") if e and e != "grpo"]
 
     warnings.filterwarnings("ignore")
     import transformers
@@ -291,6 +341,8 @@ def main() -> None:
         total = time.perf_counter() - t_all
 
     systems = (["trl"] if "trl" in wall else []) + estimators
+    if args.json is not None:
+        args.json.write_text(json.dumps({"wall": {n: wall[n] for n in systems}, "cpu": {n: cpu[n] for n in systems}}))
     label = {"trl": "TRL GRPOTrainer", **{e: f"pivotrl {e}" for e in estimators}}
 
     def ph(name: str, key: str, i: int) -> list[float]:
@@ -334,6 +386,9 @@ def main() -> None:
             print(f"pivotrl {name}+ppo step / TRL step: wall {rw:.3f}, CPU {rc:.3f} (ratio of medians); "
                   f"CPU per-round median {paired:.3f}, CPU ratio of minima {rmin:.3f}  [{note}]")
 
+    if not estimators:
+        print(f"\ntotal benchmark wall time {total:.0f} s")
+        return
     base_w, base_c = median(wall["grpo"]), median(cpu["grpo"])
     base_est = median([m["time/estimator_s"] for m in logged["grpo"]])
     print(f"\ntoken-level estimators in pivotrl's step ({args.prompts * args.group_size} responses x "

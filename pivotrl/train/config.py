@@ -58,6 +58,8 @@ class RolloutConfig(Section):
     """Sampling temperature (also applied to the log-probs the losses use)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass."""
+    decode_attention: str | None = "auto"
+    """hf engine: attention for one-token decode steps (auto: eager on CPU, the model's own elsewhere; null: the model's own)."""
     dynamic_sampling: bool = False
     """DAPO: drop groups whose rewards are all equal and sample more prompts to refill."""
     max_resample_rounds: int = Field(3, ge=0)

@@ -146,8 +146,10 @@ class Trainer:
         self.model.train()
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
-        self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer,
-                                  max_prompt_tokens=cfg.rollout.max_prompt_tokens)
+        engine_options: dict[str, Any] = {"max_prompt_tokens": cfg.rollout.max_prompt_tokens}
+        if cfg.rollout.engine == "hf":
+            engine_options["decode_attention"] = cfg.rollout.decode_attention
+        self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, **engine_options)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr, betas=cfg.train.adam_betas,
                                            weight_decay=cfg.train.weight_decay)
         if latest is not None:
