@@ -181,21 +181,23 @@ def test_masked_quantile_large_equals_torch_quantile() -> None:
         torch.testing.assert_close(masked_quantile(x, mask, q), torch.quantile(x[mask], q), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("bucketed", [False, True])
-def test_cell_zscore_overwrite_matches_and_copy_leaves_input(bucketed: bool) -> None:
-    from pivotrl.algorithms.stats import cell_zscore
+def test_group_zscore_equals_a_per_group_loop_and_leaves_its_input() -> None:
+    from pivotrl.algorithms.stats import group_zscore
 
     g = torch.Generator().manual_seed(2)
     mask = torch.rand(16, 12, generator=g) < 0.8
+    mask[12:] = False
+    mask[12, 3] = True  # a group with a single valid token: z = 0
     x = torch.where(mask, torch.randn(16, 12, generator=g, dtype=torch.float64), 0.0)
     gid = torch.arange(16) // 4
-    buckets = torch.randint(0, 3, (16, 12), generator=g) if bucketed else None
     original = x.clone()
-    copied = cell_zscore(x, mask, gid, 4, buckets, 3)
+    z = group_zscore(x, mask, gid, 4)
     assert torch.equal(x, original)
-    overwritten = cell_zscore(x, mask, gid, 4, buckets, 3, overwrite=True)
-    assert overwritten.data_ptr() == x.data_ptr()
-    torch.testing.assert_close(overwritten, copied, rtol=0, atol=0)
+    for group in range(4):
+        rows = gid == group
+        values = x[rows][mask[rows]]
+        expected = (x[rows] - values.mean()) / (values.std() + 1e-6) if values.numel() >= 2 else torch.zeros_like(x[rows])
+        torch.testing.assert_close(z[rows], torch.where(mask[rows], expected, 0.0), rtol=1e-12, atol=1e-12)
 
 
 def with_mask(batch: TokenBatch, mask: torch.Tensor, padding: float = 0.0) -> TokenBatch:
@@ -300,7 +302,6 @@ def test_masked_quantile_ignores_padding_values(dtype: torch.dtype) -> None:
     tol = 1e-6 if dtype == torch.float32 else 1e-12  # interpolation rounds differently from torch.quantile's
     for q in (0.0, 0.2, 0.8, 1.0):
         torch.testing.assert_close(masked_quantile(garbage, mask, q), torch.quantile(x[mask], q), rtol=tol, atol=0)
-
 
 
 @pytest.mark.parametrize("name", sorted(ESTIMATORS))

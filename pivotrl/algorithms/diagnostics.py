@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from pivotrl.algorithms.batch import TokenBatch, masked
-from pivotrl.algorithms.stats import cell_zscore, group_ids, group_reward_stats, masked_quantile
+from pivotrl.algorithms.stats import group_ids, group_reward_stats, group_zscore, masked_quantile
 
 PIVOT_Z = 1.0
 
@@ -32,7 +32,7 @@ def estimator_diagnostics(batch: TokenBatch, advantages: Tensor) -> dict[str, fl
     if batch.entropies is None or n_valid == 0:
         return out
     entropy = batch.field("entropies", "diagnostics")
-    pivots = mask & (cell_zscore(entropy, mask, gid, num_groups) > PIVOT_Z)
+    pivots = mask & (group_zscore(entropy, mask, gid, num_groups) > PIVOT_Z)
     rest = mask & ~pivots
     n_pivots = int(pivots.sum())
     out.update(

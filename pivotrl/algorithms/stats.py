@@ -1,10 +1,8 @@
 """Grouped and segmented masked statistics, vectorised (no Python loop over responses or tokens).
 
-A *segment* is any set of tokens that shares one statistic: a group (all
-valid tokens of its responses) or an ERPO (group, bucket) cell. Segment ids
-come either per response, shape (N,), or per token, shape (N,T); or, when each
-segment is a run of consecutive positions, as run bounds (N, B+1) (the
-run-length helpers below, which avoid (N,T) index tensors and scatters).
+Groups are given per response, shape (N,); ERPO's (response, bucket) cells,
+each a run of consecutive positions, as run bounds (N, B+1) (the run-length
+helpers below, which avoid (N,T) index tensors and scatters).
 """
 
 from __future__ import annotations
@@ -49,48 +47,22 @@ def group_reward_stats(rewards: Tensor, gid: Tensor, num_groups: int) -> GroupSt
     return GroupStats(mean[gid], std[gid], size[gid], zero_var[gid])
 
 
-def cell_zscore(
-    x: Tensor,
-    mask: Tensor,
-    gid: Tensor,
-    num_groups: int,
-    buckets: Tensor | None = None,
-    num_buckets: int = 1,
-    eps: float = EPS_STD,
-    *,
-    overwrite: bool = False,
-) -> Tensor:
-    """(x - mean)/(std + eps) over the valid tokens of each (group, bucket) cell.
+def group_zscore(x: Tensor, mask: Tensor, gid: Tensor, num_groups: int, eps: float = EPS_STD) -> Tensor:
+    """(x - mean)/(std + eps) over the valid tokens of each group, as a new (N,T) tensor.
 
-    x (N,T) float, zero on padding; mask (N,T) bool; gid (N,) dense group ids;
-    buckets (N,T) int64 in [0, num_buckets), or None for one cell per group.
-    std is the unbiased sample std; a cell with fewer than 2 tokens gives 0.
-    Returns (N,T), exactly 0 on padding; with overwrite=True the result is
-    written into x (no (N,T) allocation for group cells, two for bucket cells).
+    x (N,T) float, zero on padding; mask (N,T) bool; gid (N,) dense group ids.
+    std is the unbiased sample std; a group with fewer than 2 tokens gives 0.
+    Exactly 0 on padding.
     """
-    out = x if overwrite else x.clone()
-
     def per_group(per_response: Tensor) -> Tensor:
-        """(N,C) per-response sums to their group's sums, broadcast back to (N,C)."""
-        return per_response.new_zeros(num_groups, per_response.shape[1]).index_add_(0, gid, per_response)[gid]
+        """(N,1) per-response sums to their group's sums, broadcast back to (N,1)."""
+        return per_response.new_zeros(num_groups, 1).index_add_(0, gid, per_response)[gid]
 
-    if buckets is None:
-        count = per_group(mask.sum(dim=1, keepdim=True, dtype=x.dtype))
-        mean = per_group(out.sum(dim=1, keepdim=True)) / count.clamp(min=1)
-        out.sub_(mean).masked_fill_(~mask, 0.0)
-        squares = per_group(torch.linalg.vecdot(out, out).unsqueeze(1))
-        var = squares / (count - 1).clamp(min=1)
-        return out.mul_(torch.where(count >= 2, 1.0 / (var.sqrt() + eps), 0.0))
-    m = mask.to(x.dtype)
-    zeros = x.new_zeros(x.shape[0], num_buckets)
-    count = per_group(zeros.scatter_add(1, buckets, m))
-    mean = per_group(zeros.scatter_add(1, buckets, out)) / count.clamp(min=1)
-    spare = torch.gather(mean, 1, buckets)
-    out.sub_(spare).mul_(m)
-    squares = per_group(zeros.scatter_add(1, buckets, torch.mul(out, out, out=spare)))
-    var = squares / (count - 1).clamp(min=1)
-    scale = torch.where(count >= 2, 1.0 / (var.sqrt() + eps), 0.0)
-    return out.mul_(torch.gather(scale, 1, buckets, out=spare))
+    count = per_group(mask.sum(dim=1, keepdim=True, dtype=x.dtype))
+    mean = per_group(x.sum(dim=1, keepdim=True)) / count.clamp(min=1)
+    out = torch.sub(x, mean).masked_fill_(~mask, 0.0)
+    var = per_group(torch.linalg.vecdot(out, out).unsqueeze(1)) / (count - 1).clamp(min=1)
+    return out.mul_(torch.where(count >= 2, 1.0 / (var.sqrt() + eps), 0.0))
 
 
 def masked_quantile(x: Tensor, mask: Tensor, q: float) -> Tensor:

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 from pivotrl.algorithms import TokenBatch, compute_advantages, estimator_requirements  # noqa: E402
-from pivotrl.modeling.policy import lm_parts  # noqa: E402
+from pivotrl.modeling.policy import lm_parts, positions_from_mask  # noqa: E402
 from pivotrl.rewards.safe import safe_score  # noqa: E402
 from pivotrl.rollout import Rollout  # noqa: E402
 from pivotrl.train.forward import response_logprobs  # noqa: E402
@@ -123,7 +123,7 @@ def perturb(engine: Any, model: torch.nn.Module, rollout: Rollout, positions: Te
     body, head = lm_parts(model)
     ids = torch.cat([rollout.prompt_ids[rows], rollout.response_ids[rows]], dim=1)
     attention = torch.cat([rollout.prompt_mask[rows], rollout.response_mask[rows]], dim=1).long()
-    pos = (attention.cumsum(dim=1) - 1).clamp(min=0)
+    pos = positions_from_mask(attention)
     hidden = body(input_ids=ids, attention_mask=attention, position_ids=pos).last_hidden_state
     at = hidden[torch.arange(len(rows)), width - 1 + ts]
     logits = head(at).float() / max(temperature, 1e-6)

@@ -97,3 +97,8 @@ def output_cache(output: Any) -> Any:
     """The KV cache a forward returned, under either attribute name."""
     cache = getattr(output, "cache", None)
     return cache if cache is not None else getattr(output, "past_key_values", None)
+
+
+def positions_from_mask(attention: torch.Tensor) -> torch.Tensor:
+    """Position ids (B,T) of left-padded rows: 0 at each row's first real token, 0 on its padding."""
+    return (attention.long().cumsum(dim=1) - 1).clamp(min=0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from pivotrl.modeling.policy import cache_kwarg, output_cache
+from pivotrl.modeling.policy import cache_kwarg, output_cache, positions_from_mask
 from pivotrl.rollout.base import Rollout
 
 
@@ -99,7 +99,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         attention = prompt_mask.long()
-        positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+        positions = positions_from_mask(attention)
         # prefill each distinct prompt once, then copy its KV cache for the G samples
         out = self.model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True)
         cache, logits = output_cache(out), out.logits[:, -1]

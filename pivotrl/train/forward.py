@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from pivotrl.modeling.logprobs import token_logprobs_and_entropy
-from pivotrl.modeling.policy import cache_kwarg, lm_parts, output_cache
+from pivotrl.modeling.policy import cache_kwarg, lm_parts, output_cache, positions_from_mask
 from pivotrl.rollout import Rollout
 
 
@@ -33,7 +33,7 @@ def shared_prompt_rows(rollout: Rollout, rows: Tensor) -> tuple[Tensor, Tensor] 
 def _hidden_full(body: torch.nn.Module, prompt_ids: Tensor, attention: Tensor, response_ids: Tensor) -> Tensor:
     """(B,R,D) hidden states predicting each response token, from one forward of prompt + response."""
     ids = torch.cat([prompt_ids, response_ids], dim=1)
-    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+    positions = positions_from_mask(attention)
     hidden = body(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=False).last_hidden_state
     width = prompt_ids.shape[1]
     # position t predicts token t+1: the last prompt position predicts the first response token
@@ -50,7 +50,7 @@ def _hidden_shared(
     """
     width = rollout.prompt_ids.shape[1]
     lead_attention = rollout.prompt_mask[leaders, : width - 1].long()
-    lead_positions = (lead_attention.cumsum(dim=1) - 1).clamp(min=0)
+    lead_positions = positions_from_mask(lead_attention)
     out = body(input_ids=rollout.prompt_ids[leaders, : width - 1], attention_mask=lead_attention,
                position_ids=lead_positions, use_cache=True)
     cache = output_cache(out)
@@ -58,7 +58,7 @@ def _hidden_shared(
     response_ids = rollout.response_ids[rows]
     suffix = torch.cat([rollout.prompt_ids[rows, width - 1 :], response_ids[:, :-1]], dim=1)
     attention = attention[:, :-1]
-    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)[:, width - 1 :]
+    positions = positions_from_mask(attention)[:, width - 1 :]
     out = body(input_ids=suffix, attention_mask=attention, position_ids=positions, use_cache=True,
                **{cache_kwarg(body): cache})
     return out.last_hidden_state
