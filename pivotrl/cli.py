@@ -25,33 +25,44 @@ def demo() -> None:
 
 @app.command()
 def pretrain(
-    output_dir: str = typer.Option("outputs/tiny-countdown", help="Where to save the checkpoint."),
-    seed: int = typer.Option(0, help="Seed of the weights and the data order."),
-    steps: int = typer.Option(1500, help="Optimizer steps (the default recipe stops here)."),
+    task: str = typer.Option("countdown", help="Whose worked solutions: countdown (--model tiny) or countdown_search (--model tiny-search)."),
+    output_dir: str | None = typer.Option(None, help="Where to save the checkpoint (default: outputs/<the shipped folder's name>)."),
+    seed: int | None = typer.Option(None, help="Seed of the weights and the data order (default: the task's recipe, 0)."),
+    steps: int | None = typer.Option(None, help="Optimizer steps (default: the task's recipe)."),
     minutes: float | None = typer.Option(None, help="Also stop after this many minutes (not reproducible)."),
-    batch_size: int = typer.Option(64, help="Sequences per step."),
-    lr: float = typer.Option(3e-3, help="Peak learning rate (cosine decay after warm-up)."),
-    threads: int = typer.Option(1, help="torch threads (fixed, for reproducible weights)."),
-    imperfect: float = typer.Option(0.3, help="Share of deliberately flawed worked solutions."),
+    batch_size: int | None = typer.Option(None, help="Sequences per step (default: the task's recipe)."),
+    lr: float | None = typer.Option(None, help="Peak learning rate, cosine decay after warm-up (default: the task's recipe)."),
+    threads: int | None = typer.Option(None, help="torch threads, fixed for reproducible weights (default: the task's recipe, 1)."),
+    imperfect: float | None = typer.Option(None, help="Share of deliberately flawed worked solutions (default: the task's recipe)."),
     evaluate: bool = typer.Option(True, help="Measure held-out accuracy after training."),
-    eval_only: bool = typer.Option(False, "--eval-only", help="Only measure --model (default: the shipped policy)."),
-    model: str | None = typer.Option(None, help="Checkpoint to measure with --eval-only."),
-    eval_n: int = typer.Option(1000, help="Held-out countdown problems to measure on."),
+    eval_only: bool = typer.Option(False, "--eval-only", help="Only measure --model (default: the policy shipped for --task)."),
+    model: str | None = typer.Option(None, help="Checkpoint folder, or tiny / tiny-search, to measure with --eval-only."),
+    eval_n: int = typer.Option(1000, help="Held-out problems to measure on."),
     temperature: float = typer.Option(1.0, help="Sampling temperature of the measurement (0 = greedy)."),
     eval_seed: int = typer.Option(0, help="Seed of the measurement's sampling."),
 ) -> None:
-    """Warm up the tiny policy on countdown worked solutions (the shipped checkpoint's recipe)."""
+    """Warm up a tiny policy on worked solutions (the shipped checkpoints' recipes, one per --task)."""
     from pathlib import Path
 
-    from pivotrl.pretrain import PretrainConfig, run_pretrain_command
+    from pivotrl.modeling.tiny import TINY_MODELS, tiny_policy_path
+    from pivotrl.pretrain import recipe, run_pretrain_command, shipped_policy_path
 
-    config = PretrainConfig(
-        seed=seed, steps=steps, minutes=minutes, batch_size=batch_size, lr=lr, threads=threads,
-        imperfect=imperfect,
-    )
+    try:
+        config = recipe(task, seed=seed, steps=steps, minutes=minutes, batch_size=batch_size, lr=lr,
+                        threads=threads, imperfect=imperfect)
+    except ValueError as err:
+        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    model_path = None
+    if model is not None:
+        model_path = tiny_policy_path(model) if model in TINY_MODELS else Path(model)
+        if not (model_path / "config.json").is_file():
+            typer.secho(f"error: --model {model}: no checkpoint there (no config.json)", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2)
+    out = Path(output_dir) if output_dir else Path("outputs") / shipped_policy_path(task).name
     run_pretrain_command(
-        output_dir=Path(output_dir), config=config, evaluate=evaluate, eval_only=eval_only,
-        model_path=Path(model) if model else None, eval_n=eval_n, temperature=temperature, eval_seed=eval_seed,
+        output_dir=out, config=config, evaluate=evaluate, eval_only=eval_only,
+        model_path=model_path, eval_n=eval_n, temperature=temperature, eval_seed=eval_seed,
     )
 
 
@@ -80,7 +91,7 @@ def train(
 
 @app.command("eval")
 def eval_command(
-    model: Annotated[str, typer.Option("--model", help="'tiny', a checkpoint folder or a hub id")] = "tiny",
+    model: Annotated[str, typer.Option("--model", help="'tiny', 'tiny-search', a checkpoint folder or a hub id")] = "tiny",
     task: Annotated[str | None, typer.Option("--task", help="Task name (countdown, gsm8k, math500, ...)")] = None,
     data: Annotated[Path | None, typer.Option("--data", help="A jsonl/parquet file of problems instead of --task")] = None,
     question_field: Annotated[str, typer.Option(help="Question field of --data")] = "question",
@@ -167,7 +178,7 @@ def report(
 
 @app.command()
 def analyze(
-    model: Annotated[str, typer.Option("--model", help="'tiny', a checkpoint folder or a hub id")] = "tiny",
+    model: Annotated[str, typer.Option("--model", help="'tiny', 'tiny-search', a checkpoint folder or a hub id")] = "tiny",
     task: Annotated[str, typer.Option("--task", help="Task name")] = "countdown",
     estimator: Annotated[str, typer.Option(help="Estimator whose token credit is shown next to GRPO's")] = "erpo",
     ref: Annotated[str | None, typer.Option(help="Reference model for erpo's process term (default: the policy)")] = None,

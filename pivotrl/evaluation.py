@@ -1,4 +1,8 @@
-"""Held-out evaluation: pass@1 over k samples, unbiased pass@k, maj@k, length, trace validity."""
+"""Held-out evaluation: pass@1 over k samples, unbiased pass@k, maj@k, length, trace validity.
+
+Also the mean of each count the task reads off a response (:meth:`Task.response_stats`,
+e.g. ``mean_attempts`` for ``countdown_search``).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from typing import Any
 
 import torch
 
-from pivotrl.rewards import extract_answer, extract_math_answer, format_reward, trace_validity
+from pivotrl.rewards import extract_answer, extract_math_answer, format_reward
 from pivotrl.rewards.safe import safe_score
 from pivotrl.rollout import RolloutEngine
 from pivotrl.tasks.base import Problem, Task
@@ -61,8 +65,11 @@ def evaluate_policy(
     """Sample k completions per problem and score them; optionally write every sample as jsonl.
 
     Returns accuracy (pass@1 averaged over the k samples), pass@k, maj@k, mean_length,
-    format (share of samples in the think/answer layout), trace_validity_correct and,
-    with num_examples > 0, the first samples as {"prompt", "response", "score"}.
+    format (share of samples in the think/answer layout), trace_validity_correct (the
+    task's :meth:`~pivotrl.tasks.Task.trace_validity` averaged over correct samples),
+    ``mean_<name>`` for each of the task's :meth:`~pivotrl.tasks.Task.response_stats`
+    (over all samples) and, with num_examples > 0, the first samples as
+    {"prompt", "response", "score"}.
     """
     if len(prompts) != len(problems):
         raise ValueError(f"{len(prompts)} prompts for {len(problems)} problems")
@@ -71,6 +78,7 @@ def evaluate_policy(
     per_batch = max(1, batch_size // k)
     correct, pass_k, maj_k, lengths, validity = [], [], [], [], []
     formatted = 0.0
+    stat_sums: dict[str, float] = {}
     examples: list[dict[str, Any]] = []
     sink = None
     if samples_path is not None:
@@ -92,7 +100,9 @@ def evaluate_policy(
                 lengths.extend(lens[j * k : (j + 1) * k])
                 for t, s in zip(texts, scores, strict=True):
                     formatted += format_reward(t)
-                    v = trace_validity(t) if s >= 1.0 else None
+                    for name, value in task.response_stats(t).items():
+                        stat_sums[name] = stat_sums.get(name, 0.0) + value
+                    v = task.trace_validity(t, problem) if s >= 1.0 else None
                     if v is not None:
                         validity.append(v)
                     if len(examples) < num_examples:
@@ -113,6 +123,7 @@ def evaluate_policy(
         "mean_length": sum(lengths) / max(len(lengths), 1),
         "format": formatted / max(len(lengths), 1),
         "trace_validity_correct": sum(validity) / len(validity) if validity else None,
+        **{f"mean_{name}": total / max(len(lengths), 1) for name, total in stat_sums.items()},
         "num_problems": len(problems),
         "samples_per_problem": k,
         **({"examples": examples} if num_examples > 0 else {}),

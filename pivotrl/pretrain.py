@@ -1,11 +1,17 @@
-"""Supervised warm-up of the tiny policy on countdown worked solutions (``pivotrl pretrain``).
+"""Supervised warm-up of a tiny policy on worked solutions (``pivotrl pretrain``).
 
-The recipe (:class:`PretrainConfig` defaults) is what made the shipped
-checkpoint in ``pivotrl/assets/tiny-countdown``: a fresh tiny Llama, trained
-on countdown problems of the train split (3 numbers) in the layout
-``<think>STEPS</think><answer>EXPR</answer>``, where a share of the traces is
-deliberately imperfect (a wrong step, or an expression that misses the
-target), so the policy is not perfect and RL has room to improve it.
+Two recipes, one per shipped checkpoint (:data:`RECIPES`, :func:`recipe`):
+
+- ``countdown`` (the :class:`PretrainConfig` defaults) made
+  ``pivotrl/assets/tiny-countdown`` (``--model tiny``): a fresh tiny Llama,
+  trained on countdown problems of the train split (3 numbers) in the layout
+  ``<think>STEPS</think><answer>EXPR</answer>``, where a share of the traces
+  is deliberately imperfect (a wrong step, or an expression that misses the
+  target), so the policy is not perfect and RL has room to improve it.
+- ``countdown_search`` made ``pivotrl/assets/tiny-countdown-search``
+  (``--model tiny-search``): a larger tiny Llama trained on the written
+  searches of :mod:`pivotrl.tasks.search` (4 numbers; attempts drawn by a
+  guided random search; some with arithmetic slips, some given up).
 
 Everything is fixed by the seed: the data order, the initial weights, the
 number of torch threads, and training stops after a number of steps (a time
@@ -39,8 +45,9 @@ RECIPE_FILE = "pretrain.json"
 
 @dataclass
 class PretrainConfig:
-    """The warm-up recipe; the defaults made the shipped checkpoint."""
+    """The warm-up recipe; the defaults made the shipped countdown checkpoint."""
 
+    task: str = "countdown"  # whose worked solutions are learned (and measured)
     seed: int = 0
     steps: int = 1500
     batch_size: int = 64
@@ -57,11 +64,20 @@ class PretrainConfig:
     imperfect: float = 0.3
     arithmetic_fraction: float = 0.0  # share of batches' examples drawn from the arithmetic task
     four_number_fraction: float = 0.0  # share drawn from 4-number countdown
+    task_options: dict[str, Any] = field(default_factory=dict)  # more options of the task
+    group_by_length: int = 0  # >1: batches cut from this many batches' examples sorted by length
     # model (overrides of pivotrl.modeling.tiny.TINY_ARCH)
     arch: dict[str, Any] = field(default_factory=dict)
     # periodic evaluation while training (0 = off); does not change the weights
     eval_every: int = 0
     eval_n: int = 200
+    max_new_tokens: int = 48  # longest response when measuring
+
+    def make_task(self, **sizes: Any) -> Any:
+        """The recipe's task (``num_numbers`` and ``task_options`` applied) with ``sizes``."""
+        from pivotrl.tasks import get_task
+
+        return get_task(self.task, num_numbers=self.num_numbers, **self.task_options, **sizes)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -96,14 +112,7 @@ def _sft_sources(cfg: PretrainConfig) -> list[tuple[Any, float]]:
         raise ValueError("arithmetic_fraction + four_number_fraction must be at most 1")
     common = {"seed": cfg.seed, "imperfect": cfg.imperfect}
     if rest > 0:
-        sources.append(
-            (
-                get_task(
-                    "countdown", num_numbers=cfg.num_numbers, train_size=cfg.train_size, **common
-                ),
-                rest,
-            )
-        )
+        sources.append((cfg.make_task(train_size=cfg.train_size, **common), rest))
     if cfg.four_number_fraction > 0:
         sources.append(
             (
@@ -137,6 +146,31 @@ def sft_texts(cfg: PretrainConfig, n: int) -> list[tuple[str, str]]:
         for (task, _), c in zip(sources, counts, strict=True)
     ]
     return [(ex.prompt, ex.response) for ex in (next(streams[i]) for i in picks)]
+
+
+def group_by_length(
+    texts: list[tuple[str, str]], batch_size: int, pool: int, seed: int
+) -> list[tuple[str, str]]:
+    """``texts`` with each run of ``pool`` batches cut into batches of similar length.
+
+    Each run of ``pool * batch_size`` examples is sorted by length (stably),
+    cut into ``pool`` batches, and the batches are put in a seeded random
+    order; so a batch pads to a length close to its own, not to the longest
+    trace of the run. Every example is still used once; ``pool <= 1`` changes
+    nothing.
+    """
+    if pool <= 1:
+        return texts
+    rng = random.Random(f"group-by-length:{seed}")
+    out: list[tuple[str, str]] = []
+    run = pool * batch_size
+    for start in range(0, len(texts), run):
+        chunk = sorted(texts[start : start + run], key=lambda pr: len(pr[0]) + len(pr[1]))
+        batches = [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+        rng.shuffle(batches)
+        for batch in batches:
+            out.extend(batch)
+    return out
 
 
 def encode_sft(
@@ -206,7 +240,9 @@ def pretrain(
     with deterministic_torch(cfg.threads):
         tokenizer = build_char_tokenizer()
         model = build_tiny_model(tokenizer, seed=cfg.seed, **cfg.arch)
-        texts = sft_texts(cfg, cfg.steps * cfg.batch_size)
+        texts = group_by_length(
+            sft_texts(cfg, cfg.steps * cfg.batch_size), cfg.batch_size, cfg.group_by_length, cfg.seed
+        )
         decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
         no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
         optimizer = torch.optim.AdamW(
@@ -240,13 +276,11 @@ def pretrain(
             loss_value = float(loss.detach())
             record = {"step": step + 1, "loss": loss_value, "lr": lr}
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
-                from pivotrl.tasks import get_task
-
-                task = get_task("countdown", num_numbers=cfg.num_numbers, test_size=cfg.eval_n)
+                task = cfg.make_task(test_size=cfg.eval_n)
                 model.eval()
-                record["heldout_accuracy"] = heldout_accuracy(model, tokenizer, task, n=cfg.eval_n)[
-                    "accuracy"
-                ]
+                record["heldout_accuracy"] = heldout_accuracy(
+                    model, tokenizer, task, n=cfg.eval_n, max_new_tokens=cfg.max_new_tokens
+                )["accuracy"]
                 model.train()
             if (step + 1) % log_every == 0 or step + 1 == cfg.steps or "heldout_accuracy" in record:
                 record["elapsed_s"] = time.perf_counter() - start
@@ -299,8 +333,9 @@ def heldout_accuracy(
     :func:`pivotrl.evaluation.evaluate_policy` with the HF engine (``temperature=0``
     means greedy; sampling draws from a generator seeded with ``seed``, leaving the
     global RNG alone). Returns ``{"accuracy", "format", "n", "mean_response_tokens",
-    "temperature", "seed", "examples"}`` (``format``: share in the exact think/answer
-    layout; ``examples``: the first eight responses).
+    "trace_validity_correct", "temperature", "seed", "examples"}`` and the task's
+    ``mean_<name>`` counts (``mean_attempts`` for ``countdown_search``); ``format``:
+    share in the exact think/answer layout; ``examples``: the first eight responses.
     """
     from pivotrl.evaluation import evaluate_policy
     from pivotrl.rollout.hf import HFEngine
@@ -311,37 +346,72 @@ def heldout_accuracy(
     prompts = [task.format_prompt(p, tokenizer=tokenizer, chat=chat) for p in problems]
     result = evaluate_policy(HFEngine(model, tokenizer), task, problems, prompts=prompts, temperature=temperature,
                              max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, num_examples=8)
+    counts = {k: v for k, v in result.items() if k.startswith("mean_") and k != "mean_length"}
     return {"accuracy": result["accuracy"], "format": result["format"], "n": len(problems),
-            "mean_response_tokens": result["mean_length"], "temperature": temperature, "seed": seed,
-            "examples": result["examples"]}
+            "mean_response_tokens": result["mean_length"], **counts,
+            "trace_validity_correct": result["trace_validity_correct"], "temperature": temperature,
+            "seed": seed, "examples": result["examples"]}
 
 
-# -- the command line ------------------------------------------------------------------
+# -- the recipes and the command line ------------------------------------------------------
+
+#: The recipe of each shipped checkpoint, by task, and the model name it ships as.
+RECIPES: dict[str, PretrainConfig] = {
+    "countdown": PretrainConfig(),
+    "countdown_search": PretrainConfig(
+        task="countdown_search",
+        num_numbers=4,
+        max_new_tokens=224,
+        group_by_length=16,
+        arch={"max_position_embeddings": 384},
+    ),
+}
+SHIPPED_AS = {"countdown": "tiny", "countdown_search": "tiny-search"}
+
+
+def recipe(task: str = "countdown", **overrides: Any) -> PretrainConfig:
+    """A copy of the shipped recipe for ``task``, with ``overrides`` (None values ignored)."""
+    import dataclasses
+
+    if task not in RECIPES:
+        raise ValueError(f"pretrain has no recipe for task {task!r}; known: {', '.join(RECIPES)}")
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return dataclasses.replace(RECIPES[task], **given)
+
+
+def shipped_policy_path(task: str = "countdown") -> Path:
+    """The folder of the checkpoint shipped for ``task``."""
+    from pivotrl.modeling.tiny import tiny_policy_path
+
+    return tiny_policy_path(SHIPPED_AS[task])
 
 
 def evaluate_policy(
     model_path: str | Path | None = None,
     *,
+    config: PretrainConfig | None = None,
     n: int = 1000,
     temperature: float = 1.0,
     seed: int = 0,
-    num_numbers: int = 3,
     threads: int | None = 1,
 ) -> dict[str, Any]:
-    """:func:`heldout_accuracy` of a saved tiny policy (default: the shipped one) on countdown.
+    """:func:`heldout_accuracy` of a saved tiny policy on the held-out problems of ``config``'s task.
 
-    ``threads``: torch threads while measuring (None: leave torch's setting).
+    ``model_path`` defaults to the checkpoint shipped for that task; ``config``
+    (default: the countdown recipe) gives the task, its options and the longest
+    response. ``threads``: torch threads while measuring (None: leave torch's setting).
     """
     from pivotrl.modeling.tiny import load_tiny_policy
-    from pivotrl.tasks import get_task
 
-    model, tokenizer = load_tiny_policy(model_path)
-    task = get_task("countdown", num_numbers=num_numbers, test_size=max(n, 1))
+    cfg = config or PretrainConfig()
+    model, tokenizer = load_tiny_policy(model_path or shipped_policy_path(cfg.task))
+    task = cfg.make_task(test_size=max(n, 1))
     old = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
-        return heldout_accuracy(model, tokenizer, task, n=n, temperature=temperature, seed=seed)
+        return heldout_accuracy(model, tokenizer, task, n=n, temperature=temperature, seed=seed,
+                                max_new_tokens=cfg.max_new_tokens)
     finally:
         torch.set_num_threads(old)
 
@@ -360,13 +430,11 @@ def run_pretrain_command(
     """What ``pivotrl pretrain`` does: train and save (unless ``eval_only``), then measure."""
     from rich.console import Console
 
-    from pivotrl.modeling.tiny import tiny_policy_path
-
     console = Console()
     target = model_path
     if not eval_only:
         console.print(
-            f"pretraining the tiny policy: seed {config.seed}, {config.steps} steps x "
+            f"pretraining the tiny policy on {config.task}: seed {config.seed}, {config.steps} steps x "
             f"{config.batch_size}, {config.threads} threads -> {output_dir}"
         )
 
@@ -384,19 +452,19 @@ def run_pretrain_command(
         )
         target = output_dir
     if eval_only or evaluate:
-        where = target or tiny_policy_path()
+        where = target or shipped_policy_path(config.task)
         console.print(
-            f"measuring {where} on {eval_n} held-out countdown problems (T={temperature})"
+            f"measuring {where} on {eval_n} held-out {config.task} problems "
+            f"(T={temperature}, at most {config.max_new_tokens} tokens)"
         )
         res = evaluate_policy(
-            where,
-            n=eval_n,
-            temperature=temperature,
-            seed=eval_seed,
-            num_numbers=config.num_numbers if isinstance(config.num_numbers, int) else 3,
-            threads=config.threads,
+            where, config=config, n=eval_n, temperature=temperature, seed=eval_seed, threads=config.threads
+        )
+        counts = "".join(
+            f"  mean {k.removeprefix('mean_').replace('_', ' ')} {v:.2f}"
+            for k, v in res.items() if k.startswith("mean_")
         )
         console.print(
             f"held-out accuracy {res['accuracy']:.3f}  format {res['format']:.3f}  "
-            f"mean response {res['mean_response_tokens']:.1f} tokens  (n={res['n']})"
+            f"mean response {res['mean_response_tokens']:.1f} tokens{counts}  (n={res['n']})"
         )

@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import inspect
 import json
+import random
 
 import pytest
 import torch
@@ -209,10 +210,64 @@ def test_left_padded_generation_matches_unpadded():
 
 def test_cli_defaults_are_the_recipe():
     from pivotrl.cli import pretrain as command
+    from pivotrl.pretrain import RECIPES, recipe
 
     defaults = {
         name: p.default.default for name, p in inspect.signature(command).parameters.items()
     }
-    cfg = PretrainConfig()
+    assert defaults["task"] == "countdown"
+    # every recipe option defaults to "the task's recipe"
     for name in ("seed", "steps", "minutes", "batch_size", "lr", "threads", "imperfect"):
-        assert defaults[name] == getattr(cfg, name), name
+        assert defaults[name] is None, name
+    assert recipe() == recipe("countdown") == PretrainConfig() == RECIPES["countdown"]
+    assert recipe("countdown", steps=None, lr=1e-3) == dataclasses.replace(PretrainConfig(), lr=1e-3)
+    search = recipe("countdown_search")
+    assert search.task == "countdown_search" and search.num_numbers == 4
+    assert recipe("countdown_search") is not RECIPES["countdown_search"]  # a copy
+
+
+def test_cli_pretrain_bad_input_is_one_line_and_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from pivotrl.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["pretrain", "--task", "linear", "--eval-only"])
+    assert res.exit_code == 2 and "no recipe for task 'linear'" in res.output
+    res = runner.invoke(app, ["pretrain", "--eval-only", "--model", str(tmp_path / "none")])
+    assert res.exit_code == 2 and "no checkpoint there" in res.output
+
+
+def test_group_by_length_keeps_every_example():
+    from pivotrl.pretrain import group_by_length
+
+    rng = random.Random(0)
+    texts = [("p" * rng.randint(1, 5), "r" * rng.randint(1, 200)) for _ in range(100)]
+    assert group_by_length(texts, 8, 0, seed=0) == texts
+    assert group_by_length(texts, 8, 1, seed=0) == texts
+    grouped = group_by_length(texts, 8, 4, seed=0)
+    assert sorted(grouped) == sorted(texts)
+    assert grouped == group_by_length(texts, 8, 4, seed=0) != group_by_length(texts, 8, 4, seed=1)
+
+    def padding(order):
+        batches = [order[i : i + 8] for i in range(0, len(order), 8)]
+        return sum(max(len(p + r) for p, r in b) * len(b) - sum(len(p + r) for p, r in b) for b in batches)
+
+    assert padding(grouped) < padding(texts) / 2
+    # each run of 4 batches is cut from the same 32 examples
+    assert sorted(grouped[:32]) == sorted(texts[:32])
+
+
+def test_short_search_pretrain_is_bit_reproducible(tmp_path):
+    from pivotrl.pretrain import recipe, sft_texts
+
+    cfg = recipe("countdown_search", steps=3, batch_size=8, train_size=60, warmup_steps=1,
+                 arch={**MICRO, "max_position_embeddings": 384})
+    texts = sft_texts(cfg, 24)
+    assert all(p.startswith("Use ") and r.startswith("<think>") for p, r in texts)
+    assert len({len(p.split(" to make")[0].split()) for p, _ in texts}) == 1  # four numbers each
+    pretrain(tmp_path / "a", cfg)
+    pretrain(tmp_path / "b", cfg)
+    assert _digest(tmp_path / "a") == _digest(tmp_path / "b")
+    recorded = json.loads((tmp_path / "a" / RECIPE_FILE).read_text())
+    assert recorded["recipe"]["task"] == "countdown_search" and recorded["steps_done"] == 3

@@ -26,13 +26,16 @@ def load_policy(
     name_or_path: str, *, dtype: str = "float32", device: str = "auto", seed: int = 0,
     arch: dict[str, int] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """(model, tokenizer with left padding and a pad token) for 'tiny', 'tiny-random' or a path/hub id."""
+    """(model, tokenizer with left padding and a pad token) for a shipped tiny policy
+    ('tiny', 'tiny-search'), 'tiny-random' or a path/hub id."""
+    from pivotrl.modeling.tiny import TINY_MODELS
+
     if dtype not in DTYPES:
         raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    if name_or_path == "tiny":
-        from pivotrl.modeling.tiny import load_tiny_policy
+    if name_or_path in TINY_MODELS:
+        from pivotrl.modeling.tiny import load_tiny_policy, tiny_policy_path
 
-        model, tokenizer = load_tiny_policy()
+        model, tokenizer = load_tiny_policy(tiny_policy_path(name_or_path))
     elif name_or_path == "tiny-random":
         from pivotrl.modeling.tiny import build_tiny_model
         from pivotrl.modeling.tokenizer import build_char_tokenizer

@@ -1,8 +1,11 @@
-"""The built-in tiny policy: a ~0.9 M-parameter ``LlamaForCausalLM`` with a character tokenizer.
+"""The built-in tiny policies: small ``LlamaForCausalLM`` models with a character tokenizer.
 
-The package ships a checkpoint warmed up on countdown worked solutions
-(``pivotrl/assets/tiny-countdown``, made by ``pivotrl pretrain``); it is a
-plain Hugging Face folder, so ``LlamaForCausalLM.from_pretrained(path)`` and
+The package ships two checkpoints made by ``pivotrl pretrain`` (see
+:data:`TINY_MODELS`): ``tiny`` (``pivotrl/assets/tiny-countdown``, ~0.9 M
+parameters, warmed up on countdown worked solutions) and ``tiny-search``
+(``pivotrl/assets/tiny-countdown-search``, warmed up on the written searches
+of ``countdown_search``). Each is a plain Hugging Face folder, so
+``LlamaForCausalLM.from_pretrained(path)`` and
 ``PreTrainedTokenizerFast.from_pretrained(path)`` load it anywhere.
 """
 
@@ -15,6 +18,8 @@ import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 TINY_NAME = "tiny-countdown"
+#: Model names (``--model``, ``model.name_or_path``) of the shipped checkpoints -> their folders.
+TINY_MODELS = {"tiny": TINY_NAME, "tiny-search": "tiny-countdown-search"}
 
 #: The shipped architecture: hidden 128, 4 layers, 4 heads, MLP 384, tied embeddings.
 TINY_ARCH: dict[str, Any] = {
@@ -27,9 +32,13 @@ TINY_ARCH: dict[str, Any] = {
 }
 
 
-def tiny_policy_path() -> Path:
-    """The folder of the shipped tiny checkpoint (``pivotrl/assets/tiny-countdown``)."""
-    return Path(__file__).resolve().parent.parent / "assets" / TINY_NAME
+def tiny_policy_path(name: str = "tiny") -> Path:
+    """The folder of a shipped checkpoint (``tiny``: ``pivotrl/assets/tiny-countdown``)."""
+    try:
+        folder = TINY_MODELS[name]
+    except KeyError:
+        raise ValueError(f"no shipped tiny policy {name!r}; known: {', '.join(TINY_MODELS)}") from None
+    return Path(__file__).resolve().parent.parent / "assets" / folder
 
 
 def tiny_config(tokenizer: PreTrainedTokenizerFast, **arch: Any) -> LlamaConfig:

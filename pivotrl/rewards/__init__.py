@@ -8,7 +8,9 @@
 =================  ===========================================================
 
 :func:`trace_validity` is a diagnostic (fraction of true arithmetic steps in
-``<think>``, or None), not a reward in :data:`REWARDS`. The layout helpers
+``<think>``, or None), not a reward in :data:`REWARDS`; so is
+:func:`search_trace_validity` (also checks that each step of a search trace
+uses available numbers; :func:`search_attempts` splits it into attempts). The layout helpers
 (:func:`extract_answer`, :func:`extract_think`, :func:`render_completion`)
 live in :mod:`pivotrl.rewards.template`.
 """
@@ -41,7 +43,13 @@ from pivotrl.rewards.template import (
     render_completion,
     split_layout,
 )
-from pivotrl.rewards.trace import trace_steps, trace_validity
+from pivotrl.rewards.trace import (
+    search_attempts,
+    search_steps,
+    search_trace_validity,
+    trace_steps,
+    trace_validity,
+)
 
 RewardFn = Callable[..., float]
 
@@ -74,6 +82,9 @@ __all__ = [
     "math_reward_batch",
     "parse_number",
     "render_completion",
+    "search_attempts",
+    "search_steps",
+    "search_trace_validity",
     "shutdown_math_workers",
     "split_layout",
     "trace_steps",

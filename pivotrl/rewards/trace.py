@@ -12,11 +12,28 @@ over variables are not steps: a side touching a letter or other symbol
 (``(so 3+4=7)``) are trimmed. A step whose side is still malformed, or
 divides by zero, counts as invalid. Only the first
 :data:`MAX_TRACE_CHARS` characters of the think block are read.
+
+A *search* trace (the ``countdown_search`` task) is a think block of attempts,
+one per line; an attempt is steps separated by ``,``, and one that was given
+up ends with `` x``::
+
+    20+13=33,33*3=99,99-4=95 x
+    20-13=7,7*3=21,21+4=25
+
+:func:`search_trace_validity` checks every written step of every attempt
+twice: the arithmetic is true, and its numbers are available, i.e. each
+literal on the left side is one of the problem's numbers or a result of an
+earlier step of the same attempt, not yet used (each attempt starts again
+from the problem's numbers). A step's written result becomes available even
+when the step is wrong, so a slip costs one step, not the rest of the attempt.
+:func:`search_attempts` splits a response into its attempts (also a response
+cut off before ``</think>``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from fractions import Fraction
 
 from pivotrl.rewards.expression import (
@@ -24,8 +41,9 @@ from pivotrl.rewards.expression import (
     Token,
     evaluate_tokens,
     lex,
+    number_value,
 )
-from pivotrl.rewards.template import extract_think
+from pivotrl.rewards.template import THINK_CLOSE, THINK_OPEN, extract_think
 
 MAX_SIDE_TOKENS = 200
 # Only this much of a think block is read (about 8k steps; a call stays well
@@ -92,9 +110,8 @@ def _side_value(side: list[Token]) -> Fraction | None:
         return None
 
 
-def trace_steps(text: str) -> list[bool]:
-    """Return, for each arithmetic step in ``text`` in order, whether it is true."""
-    results: list[bool] = []
+def equations(text: str) -> Iterator[tuple[list[Token], list[Token]]]:
+    """Yield (left side, right side) tokens of each arithmetic step in ``text``, in order."""
     for run, glued_before, glued_after in _runs(list(lex(text))):
         if not any(t.kind == "eq" for t in run):
             continue
@@ -109,11 +126,18 @@ def trace_steps(text: str) -> list[bool]:
         if glued_after:
             sides[-1] = None
         for lhs, rhs in zip(sides, sides[1:], strict=False):
-            if not lhs or not rhs:
-                continue
-            left, right = _side_value(lhs), _side_value(rhs)
-            results.append(left is not None and right is not None and left == right)
-    return results
+            if lhs and rhs:
+                yield lhs, rhs
+
+
+def _step_holds(lhs: list[Token], rhs: list[Token]) -> bool:
+    left, right = _side_value(lhs), _side_value(rhs)
+    return left is not None and right is not None and left == right
+
+
+def trace_steps(text: str) -> list[bool]:
+    """Return, for each arithmetic step in ``text`` in order, whether it is true."""
+    return [_step_holds(lhs, rhs) for lhs, rhs in equations(text)]
 
 
 def trace_validity(completion: str) -> float | None:
@@ -124,6 +148,83 @@ def trace_validity(completion: str) -> float | None:
     if think is None:
         return None
     steps = trace_steps(think[:MAX_TRACE_CHARS])
+    if not steps:
+        return None
+    return sum(steps) / len(steps)
+
+
+# -- search traces -------------------------------------------------------------------
+
+STEP_SEPARATOR = ","
+ATTEMPT_SEPARATOR = "\n"
+#: Written after an attempt that failed, separated by a space: ``99-4=95 x``.
+ABANDON_MARKER = "x"
+
+
+def _think_so_far(completion: str) -> str | None:
+    """The think block, or everything after an unclosed ``<think>``; None without ``<think>``."""
+    think = extract_think(completion)
+    if think is not None:
+        return think
+    start = completion.find(THINK_OPEN)
+    if start < 0:
+        return None
+    body = completion[start + len(THINK_OPEN) :]
+    return body.split(THINK_CLOSE, 1)[0]
+
+
+def search_attempts(completion: str) -> list[str]:
+    """The attempts written in the think part of ``completion`` (each with at least one ``=``).
+
+    An unclosed think part (a response cut off by the length limit) counts the
+    attempts written so far; a completion without ``<think>`` has none.
+    """
+    if not isinstance(completion, str):
+        return []
+    think = _think_so_far(completion)
+    if think is None:
+        return []
+    segments = think[:MAX_TRACE_CHARS].split(ATTEMPT_SEPARATOR)
+    return [s.strip() for s in segments if "=" in s]
+
+
+def _literals(side: list[Token]) -> list[Fraction] | None:
+    try:
+        return [number_value(t, allow_decimals=True) for t in side if t.kind == "num"]
+    except ExpressionError:
+        return None
+
+
+def search_steps(think: str, numbers: Iterable[int | Fraction]) -> list[bool]:
+    """For each step of each attempt in ``think``, whether it is true and uses available numbers."""
+    start = Counter(Fraction(n) for n in numbers)
+    results: list[bool] = []
+    for attempt in think[:MAX_TRACE_CHARS].split(ATTEMPT_SEPARATOR):
+        pool = Counter(start)
+        for lhs, rhs in equations(attempt):
+            used = _literals(lhs)
+            available = used is not None and all(
+                count <= pool[n] for n, count in Counter(used).items()
+            )
+            results.append(available and _step_holds(lhs, rhs))
+            pool -= Counter(used or ())
+            written = _side_value(rhs)
+            if written is not None:
+                pool[written] += 1
+    return results
+
+
+def search_trace_validity(completion: str, numbers: Iterable[int | Fraction]) -> float | None:
+    """The share of valid steps (true, on available numbers) in a search trace's think block.
+
+    None when the completion has no closed think block or no step in it.
+    """
+    if not isinstance(completion, str):
+        return None
+    think = extract_think(completion)
+    if think is None:
+        return None
+    steps = search_steps(think, numbers)
     if not steps:
         return None
     return sum(steps) / len(steps)

@@ -8,8 +8,8 @@
 >>> task.verifier(completion, p.answer)                         # doctest: +SKIP
 1.0
 
-Registered: ``countdown``, ``arithmetic``, ``linear`` (synthetic, with a fixed
-hash-defined held-out split and worked solutions), ``gsm8k``, ``math500``,
+Registered: ``countdown``, ``countdown_search``, ``arithmetic``, ``linear``
+(synthetic, with a fixed hash-defined held-out split and worked solutions), ``gsm8k``, ``math500``,
 ``aime24``, ``amc23`` (benchmark files), ``file`` (any jsonl/parquet) and
 ``hub`` (a dataset hub id through ``datasets``).
 """
@@ -33,6 +33,7 @@ from pivotrl.tasks.loaders import (
     gsm8k_answer,
     read_rows,
 )
+from pivotrl.tasks.search import CountdownSearchTask, SearchTrace
 from pivotrl.tasks.synthetic import (
     FLAWS,
     ArithmeticTask,
@@ -48,12 +49,14 @@ __all__ = [
     "FORMAT_INSTRUCTION",
     "TASKS",
     "ArithmeticTask",
+    "CountdownSearchTask",
     "CountdownTask",
     "FileTask",
     "HubTask",
     "LinearTask",
     "Problem",
     "ProblemList",
+    "SearchTrace",
     "SyntheticTask",
     "Task",
     "WorkedSolution",

@@ -176,6 +176,23 @@ class Task:
         """``verifier(completion, problem.answer)``."""
         return float(self.verifier(completion, problem.answer))
 
+    def trace_validity(self, completion: str, problem: Problem) -> float | None:
+        """The share of true arithmetic steps in the think part (None: no step).
+
+        :func:`pivotrl.rewards.trace_validity` unless the task knows more about
+        its steps (``countdown_search`` also checks the numbers each step uses).
+        """
+        from pivotrl.rewards.trace import trace_validity
+
+        return trace_validity(completion)
+
+    def response_stats(self, completion: str) -> dict[str, float]:
+        """Task-specific counts of a response (``countdown_search``: ``{"attempts": n}``).
+
+        Evaluation reports the mean of each as ``mean_<name>``; none by default.
+        """
+        return {}
+
     # -- prompts -----------------------------------------------------------
     def format_prompt(self, problem: Problem, tokenizer: Any = None, chat: bool = False) -> str:
         """The text given to the model for ``problem``.

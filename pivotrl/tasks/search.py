@@ -1,0 +1,361 @@
+"""``countdown_search``: countdown answered by a written search.
+
+The problem is countdown's (``Use 20 13 3 4 to make 25.``, four numbers by
+default, every problem solvable), but the worked solution is a search: each
+attempt combines the numbers step by step until the latest result is the
+target; an attempt that ends elsewhere is given up with `` x`` and the next
+one starts on a new line. The answer is the expression of the last attempt::
+
+    <think>20+13=33,33*3=99,99-4=95 x
+    20-13=7,7*3=21,21+4=25</think><answer>(20-13)*3+4</answer>
+
+A step writes its larger operand first (``13-7``, never ``7-13``), and only
+moves whose results are whole numbers in ``[1, max_value]`` are made (no
+``*1`` or ``/1``). The layout (``,`` between steps, a line per attempt, the
+`` x`` marker) is defined in :mod:`pivotrl.rewards.trace`, which also checks
+every step of every attempt (:func:`~pivotrl.rewards.trace.search_trace_validity`).
+
+The worked solutions are drawn from a guided random search, so the first
+choice is genuinely uncertain: at each step the searcher takes, with
+probability ``guide`` (first step, middle steps, last step), a move from
+which the target can still be reached, and otherwise any legal move. With
+the default ``(0.3, 0.5, 0.9)`` about 4 in 10 first moves can still win
+(a good move is taken 30% of the time, and a random one is good about 17%
+of the time), the last step is nearly always seen, and the search needs 3
+attempts on average. A correct search succeeds within ``max_attempts``; the
+two flaws of :meth:`worked_solution` are ``"wrong_step"`` (arithmetic slips:
+a result off by 1 to 3, carried on, so the search may recover, give up or
+"hit" the target with a wrong expression) and ``"wrong_answer"`` (every
+attempt fails and the searcher answers with the last one).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any
+
+from pivotrl.rewards.countdown import countdown_reward
+from pivotrl.rewards.trace import (
+    ABANDON_MARKER,
+    ATTEMPT_SEPARATOR,
+    STEP_SEPARATOR,
+    search_attempts,
+    search_trace_validity,
+)
+from pivotrl.tasks.base import (
+    ANSWER_CLOSE,
+    ANSWER_OPEN,
+    THINK_CLOSE,
+    THINK_OPEN,
+    Problem,
+    ProblemList,
+    lazy_verifier,
+    register_task,
+)
+from pivotrl.tasks.synthetic import FLAWS, Program, SyntheticTask, _parse_range
+
+# (left operand, operator, right operand, result, the state after the move)
+Move = tuple[int, str, int, int, tuple[int, ...]]
+
+
+def pair_results(a: int, b: int, max_value: int) -> list[tuple[str, int]]:
+    """The legal moves on two values ``a >= b``: (operator, result) with a whole result
+    in ``[1, max_value]``, no ``*1`` or ``/1``."""
+    out = [("+", a + b), ("-", a - b)]
+    if b > 1:
+        out.append(("*", a * b))
+        if a % b == 0:
+            out.append(("/", a // b))
+    return [(op, v) for op, v in out if 1 <= v <= max_value]
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def legal_moves(state: tuple[int, ...], max_value: int) -> tuple[Move, ...]:
+    """Every distinct move on the sorted values ``state`` (larger operand first)."""
+    out: list[Move] = []
+    seen: set[tuple[int, int]] = set()
+    for i, j in combinations(range(len(state)), 2):
+        b, a = state[i], state[j]  # sorted: a >= b
+        if (a, b) in seen:
+            continue
+        seen.add((a, b))
+        rest = state[:i] + state[i + 1 : j] + state[j + 1 :]
+        for op, value in pair_results(a, b, max_value):
+            out.append((a, op, b, value, tuple(sorted((*rest, value)))))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def reachable(state: tuple[int, ...], max_value: int) -> frozenset[int]:
+    """Every value some sequence of legal moves from the sorted values ``state`` writes."""
+    if len(state) == 2:
+        return frozenset(v for _, v in pair_results(state[1], state[0], max_value))
+    out: set[int] = set()
+    if len(state) == 3:  # the common case, without building the states in between
+        for (x, y), z in (((state[0], state[1]), state[2]), ((state[0], state[2]), state[1]),
+                          ((state[1], state[2]), state[0])):
+            for _, v in pair_results(y, x, max_value):
+                out.add(v)
+                out.update(w for _, w in pair_results(max(v, z), min(v, z), max_value))
+        return frozenset(out)
+    for *_, value, after in legal_moves(state, max_value):
+        out.add(value)
+        out |= reachable(after, max_value)
+    return frozenset(out)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def winning_moves(state: tuple[int, ...], target: int, max_value: int) -> tuple[Move, ...]:
+    """The legal moves that write ``target`` or leave a state from which it can be written."""
+    return tuple(
+        m
+        for m in legal_moves(state, max_value)
+        if m[3] == target or (len(m[4]) > 1 and target in reachable(m[4], max_value))
+    )
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt: its written steps, the expression it built, and how it ended."""
+
+    steps: tuple[str, ...]
+    expression: str
+    hit: bool  # the last written result is the target (maybe through a slip)
+    slips: int
+
+    def line(self) -> str:
+        text = STEP_SEPARATOR.join(self.steps)
+        return text if self.hit else f"{text} {ABANDON_MARKER}"
+
+
+@dataclass(frozen=True)
+class SearchTrace:
+    """A worked search: the response text and what it contains."""
+
+    text: str
+    attempts: int
+    slips: int
+    solved: bool  # the answer expression really makes the target
+
+
+@register_task("countdown_search")
+class CountdownSearchTask(SyntheticTask):
+    """Countdown whose worked solutions search: attempts that fail, then one that hits.
+
+    Options: ``num_numbers`` (default 4; 3 to 5, or a range), ``number_range``
+    (default ``(1, 20)``), ``target_range`` (default ``(10, 100)``; the target
+    is drawn uniformly, and a draw that cannot be made, or equals one of the
+    numbers, is drawn again), ``max_value`` (largest intermediate result a
+    worked step writes, default 200), ``max_attempts`` (default 6), ``guide``
+    (the probabilities of a winning move at the first, middle and last step,
+    default ``(0.3, 0.5, 0.9)``), ``slip_rate`` (per step, in ``"wrong_step"``
+    traces, default 0.1) and ``exact_use`` (the verifier requires every number).
+
+    A problem's identity is countdown's (``countdown:4,13,20,3:25`` with the
+    numbers sorted), so a problem held out here is held out in ``countdown``
+    too. Prompt ``Use 20 13 3 4 to make 25.``; answer
+    ``{"numbers": [20, 13, 3, 4], "target": 25}`` (countdown's verifier).
+    """
+
+    name = key_prefix = "countdown_search"
+    default_flaw_weights = {"wrong_step": 0.5, "wrong_answer": 0.5}
+    instruction = (
+        "Combine the numbers with + - * /, each number at most once, to make the target. "
+        "Search inside <think> </think>: one attempt per line, steps separated by commas, "
+        "an attempt that misses ends with x. Then give the expression inside <answer> </answer>."
+    )
+
+    def __init__(
+        self,
+        *,
+        num_numbers: int | Sequence[int] = 4,
+        number_range: Sequence[int] = (1, 20),
+        target_range: Sequence[int] = (10, 100),
+        max_value: int = 200,
+        max_attempts: int = 6,
+        guide: Sequence[float] = (0.3, 0.5, 0.9),
+        slip_rate: float = 0.1,
+        exact_use: bool = False,
+        **options: Any,
+    ):
+        super().__init__(**options)
+        self.num_numbers = _parse_range(num_numbers, "num_numbers")
+        if not 3 <= self.num_numbers[0] <= self.num_numbers[1] <= 5:
+            raise ValueError(f"countdown_search takes 3 to 5 numbers, got {num_numbers}")
+        self.number_range = _parse_range(number_range, "number_range")
+        self.target_range = _parse_range(target_range, "target_range")
+        if self.number_range[0] < 1 or self.target_range[0] < 1:
+            raise ValueError("countdown_search numbers and targets must be positive")
+        if max_value < self.target_range[1]:
+            raise ValueError(f"max_value {max_value} is below the largest target {self.target_range[1]}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        self.guide = tuple(float(g) for g in guide)
+        if len(self.guide) != 3 or not all(0.0 <= g <= 1.0 for g in self.guide):
+            raise ValueError(f"guide must be three probabilities (first, middle, last step), got {guide}")
+        if not 0.0 < slip_rate <= 1.0:
+            raise ValueError(f"slip_rate must be in (0, 1], got {slip_rate}")
+        self.max_value = int(max_value)
+        self.max_attempts = int(max_attempts)
+        self.slip_rate = float(slip_rate)
+        self.exact_use = exact_use
+        self.verifier = lazy_verifier("pivotrl.rewards", "countdown_reward", exact_use=exact_use)
+
+    # -- problems ---------------------------------------------------------------
+    def solvable(self, numbers: Sequence[int], target: int) -> bool:
+        """Whether some sequence of legal moves over ``numbers`` writes ``target``."""
+        return any(
+            value == target or (len(after) > 1 and target in reachable(after, self.max_value))
+            for *_, value, after in legal_moves(tuple(sorted(numbers)), self.max_value)
+        )
+
+    def _load(self, split: str) -> ProblemList:
+        self._loading = split
+        try:
+            return super()._load(split)
+        finally:
+            self._loading = None
+
+    def generate(self, rng: random.Random) -> Problem | None:
+        k = rng.randint(*self.num_numbers)
+        numbers = [rng.randint(*self.number_range) for _ in range(k)]
+        target = rng.randint(*self.target_range)
+        if target in numbers:
+            return None
+        problem = self.make_problem(numbers, target)
+        loading = getattr(self, "_loading", None)
+        if loading is not None and self.is_heldout(problem) != (loading == "test"):
+            return None  # the other split's: skip the search for a solution
+        return problem if self.solvable(numbers, target) else None
+
+    def make_problem(self, numbers: Sequence[int], target: int) -> Problem:
+        return Problem(
+            prompt=f"Use {' '.join(map(str, numbers))} to make {target}.",
+            answer={"numbers": list(numbers), "target": target},
+            meta={"key": f"countdown:{','.join(map(str, sorted(numbers)))}:{target}"},
+        )
+
+    # -- the search -----------------------------------------------------------------
+    def attempt(self, rng: random.Random, numbers: Sequence[int], target: int, slip_rate: float = 0.0) -> Attempt:
+        """One attempt: guided random moves until the target is written or one value is left.
+
+        With ``slip_rate`` > 0 a written result is off by 1 to 3 with that
+        probability, and the attempt goes on from the written value.
+        """
+        written = list(numbers)  # the value each slot holds as written (slips included)
+        pool = list(range(len(numbers)))  # the slots not used yet
+        steps: list[tuple[int, str, int]] = []
+        lines: list[str] = []
+        slips = 0
+        while len(pool) > 1:
+            state = tuple(sorted(written[s] for s in pool))
+            moves = legal_moves(state, self.max_value)
+            if not moves:
+                break
+            good = winning_moves(state, target, self.max_value)
+            stage = 0 if not steps else 2 if len(pool) == 2 else 1
+            a, op, b, value, _ = (
+                rng.choice(good) if good and rng.random() < self.guide[stage] else rng.choice(moves)
+            )
+            left = next(s for s in pool if written[s] == a)
+            right = next(s for s in pool if s != left and written[s] == b)
+            if slip_rate and rng.random() < slip_rate:
+                true_value, value = value, max(1, value + rng.choice((-3, -2, -1, 1, 2, 3)))
+                slips += value != true_value
+            steps.append((left, op, right))
+            lines.append(f"{a}{op}{b}={value}")
+            pool.remove(left)
+            pool.remove(right)
+            pool.append(len(written))
+            written.append(value)
+            if value == target:
+                break
+        expression = Program(tuple(numbers), tuple(steps)).text()
+        return Attempt(tuple(lines), expression, bool(steps) and written[-1] == target, slips)
+
+    def search(
+        self, problem: Problem, rng: random.Random, *, slip_rate: float = 0.0, give_up: bool = False
+    ) -> SearchTrace:
+        """Attempts until one writes the target or ``max_attempts`` are used.
+
+        ``give_up``: attempts that hit are drawn again (up to 30 times), so the
+        search normally fails every attempt and answers with the last one.
+        An attempt identical to an earlier one is drawn again (up to 10 times).
+        """
+        numbers, target = problem.answer["numbers"], problem.answer["target"]
+        attempts: list[Attempt] = []
+        seen: set[tuple[str, ...]] = set()
+        while len(attempts) < self.max_attempts and not (attempts and attempts[-1].hit):
+            for tries in range(30 if give_up else 10):
+                attempt = self.attempt(rng, numbers, target, slip_rate)
+                if (give_up and attempt.hit) or (attempt.steps in seen and tries < 9):
+                    continue
+                break
+            seen.add(attempt.steps)
+            attempts.append(attempt)
+        think = ATTEMPT_SEPARATOR.join(a.line() for a in attempts)
+        answer = attempts[-1].expression
+        return SearchTrace(
+            text=f"{THINK_OPEN}{think}{THINK_CLOSE}{ANSWER_OPEN}{answer}{ANSWER_CLOSE}",
+            attempts=len(attempts),
+            slips=sum(a.slips for a in attempts),
+            solved=countdown_reward(answer, problem.answer) == 1.0,
+        )
+
+    # -- worked solutions ---------------------------------------------------------------
+    def solution(self, problem: Problem) -> str:
+        """A correct search (fixed by the problem's key)."""
+        return self.worked_solution(problem, None, random.Random(f"solution:{self.key(problem)}"))
+
+    def worked_solution(
+        self, problem: Problem, flaw: str | None = None, rng: random.Random | None = None
+    ) -> str:
+        """A search drawn with ``rng``: correct (``flaw=None``), with slips, or given up.
+
+        Correct: no slip, and it finds the target within ``max_attempts`` (drawn
+        again until it does, at most 50 times, then a fully guided attempt is
+        the last). ``"wrong_step"``: at least one slip (the answer may or may
+        not be right). ``"wrong_answer"``: the answer misses the target.
+        """
+        if flaw is not None and flaw not in FLAWS:
+            raise ValueError(f"unknown flaw {flaw!r}; known: {FLAWS}")
+        rng = rng or random.Random(f"search:{flaw}:{self.key(problem)}")
+        if flaw == "wrong_step":
+            for _ in range(30):
+                trace = self.search(problem, rng, slip_rate=self.slip_rate)
+                if trace.slips:
+                    return trace.text
+            return self.worked_solution(problem, "wrong_answer", rng)
+        if flaw == "wrong_answer":
+            for _ in range(10):
+                trace = self.search(problem, rng, give_up=True)
+                if not trace.solved:
+                    return trace.text
+            return self.worked_solution(problem, "wrong_step", rng)
+        for _ in range(50):
+            trace = self.search(problem, rng)
+            if trace.solved:
+                return trace.text
+        return self._guided_solution(problem, rng)
+
+    def _guided_solution(self, problem: Problem, rng: random.Random) -> str:
+        """One attempt that always takes a winning move (every problem has one)."""
+        sure = CountdownSearchTask(
+            num_numbers=self.num_numbers, number_range=self.number_range,
+            target_range=self.target_range, max_value=self.max_value, max_attempts=1,
+            guide=(1.0, 1.0, 1.0),
+        )
+        return sure.search(problem, rng).text
+
+    # -- what a response contains ---------------------------------------------------------
+    def response_stats(self, completion: str) -> dict[str, float]:
+        """``{"attempts": n}``: the attempts written in the think part (also when cut off)."""
+        return {"attempts": float(len(search_attempts(completion)))}
+
+    def trace_validity(self, completion: str, problem: Problem) -> float | None:
+        """The share of written steps that are true and use available numbers (every attempt)."""
+        return search_trace_validity(completion, problem.answer["numbers"])
