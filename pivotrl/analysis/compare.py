@@ -16,7 +16,7 @@ PRESETS: dict[str, list[str]] = {
              "rollout.overlong_shaping=true"],
     "gspo": ["algorithm.estimator=grpo", "algorithm.policy_loss=gspo",
              "algorithm.loss_kwargs={eps_low: 3.0e-4, eps_high: 4.0e-4}"],
-    "tepo": ["algorithm.estimator=grpo", "algorithm.policy_loss=tepo", "train.num_minibatches=2",
+    "tepo": ["algorithm.estimator=grpo", "algorithm.policy_loss=tepo",
              "algorithm.loss_kwargs={eps_low: 0.2, eps_high: 0.28, beta_kl: 0.05}"],
     "mpo": ["algorithm.estimator=grpo", "algorithm.policy_loss=mpo", "algorithm.loss_kwargs={block_size: 5}"],
 }
@@ -69,15 +69,20 @@ def run_comparison(config: Path | None, methods: list[str], seeds: int, output_d
     console = console or Console()
     plan = plan_runs(methods, seeds, ablate)
     base = config if config is not None else default_config_path()
-    pending, run_dirs = [], []
+    pending, run_dirs, updates = [], [], {}
     for i, (label, seed, overrides) in enumerate(plan, 1):
         run_dir = output_dir / "runs" / f"{label.replace(':', '-')}-seed{seed}"
         cfg = load_config(base, [*extra, *overrides, f"train.seed={seed}", f"output_dir={run_dir}"])
+        updates[label] = cfg.train.ppo_epochs * cfg.train.num_minibatches
         run_dirs.append((label, run_dir))
         if (run_dir / "summary.json").is_file():
             console.print(f"[{i}/{len(plan)}] {label} seed {seed}: done already ({run_dir})")
         else:
             pending.append((f"[{i}/{len(plan)}] {label} seed {seed} -> {run_dir}", cfg))
+    if len(set(updates.values())) > 1:
+        counts = ", ".join(f"{label}: {n}" for label, n in updates.items())
+        raise ValueError(f"methods must get the same number of optimizer updates per rollout "
+                         f"(train.ppo_epochs x train.num_minibatches), got {counts}")
     if jobs == 1:
         for message, cfg in pending:
             console.print(message)

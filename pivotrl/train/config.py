@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
 class Section(BaseModel):
@@ -101,7 +101,7 @@ class TrainConfig(Section):
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each step's rollouts."""
     num_minibatches: int = Field(1, ge=1)
-    """Optimizer steps per epoch (the rollouts are split into this many minibatches)."""
+    """Optimizer steps per epoch: the rollouts are split into this many near-equal minibatches, every row in one."""
     micro_batch_size: int | None = Field(None, ge=1)
     """Responses per forward/backward (gradient accumulation); None: the whole minibatch."""
     max_grad_norm: float | None = 1.0
@@ -160,16 +160,6 @@ class RunConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-
-    @model_validator(mode="after")
-    def _minibatches_fit(self) -> RunConfig:
-        total = self.rollout.prompts_per_step * self.rollout.group_size
-        if total % self.train.num_minibatches:
-            raise ValueError(
-                f"train.num_minibatches={self.train.num_minibatches} must divide "
-                f"rollout.prompts_per_step * rollout.group_size = {total}"
-            )
-        return self
 
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")

@@ -6,9 +6,10 @@ One step, top to bottom (Trainer.train_step):
   2. one forward of the policy (old log-probs, entropies) and, when the method needs it,
      of the frozen reference model;
   3. the estimator turns rewards into token advantages (N,T);
-  4. ppo_epochs x num_minibatches updates: policy forward, policy loss, backward
-     (micro-batches normalised by the minibatch's token count), grad clipping, AdamW.
-With one epoch and one minibatch and no micro-batching, steps 2 and 4 share a single
+  4. ppo_epochs x num_minibatches updates, every row once per epoch (the last minibatch
+     may be smaller): policy forward, policy loss, backward (micro-batches normalised by
+     the minibatch's token count), grad clipping, AdamW.
+With one epoch, one minibatch and no micro-batching, steps 2 and 4 share a single
 forward: on-policy, π_old = π_θ at that point, so its detached log-probs are ℓ^old.
 """
 
@@ -76,6 +77,12 @@ def preflight(config: RunConfig) -> tuple[frozenset[str], frozenset[str]]:
         loss_needs = loss_requirements(alg.policy_loss, **alg.loss_kwargs)
     except ValueError as err:
         raise ConfigError(f"algorithm.loss_kwargs: {err}") from None
+    if "entropies_new" in loss_needs and config.train.ppo_epochs * config.train.num_minibatches == 1:
+        raise ConfigError(
+            f"{alg.policy_loss!r}'s KL mask fires where the current policy's entropy is below the rollout "
+            "policy's, and the two are equal on the only update of a rollout: set train.num_minibatches=2 "
+            "(or train.ppo_epochs=2), or algorithm.loss_kwargs.beta_kl=0 to drop the masked KL"
+        )
     if "ref_logprobs" in est_needs | loss_needs and config.model.ref_model == "none":
         who = alg.estimator if "ref_logprobs" in est_needs else alg.policy_loss
         raise ConfigError(
@@ -227,17 +234,27 @@ class Trainer:
             rewards = rewards + overlong_penalty(lengths, r.max_new_tokens, r.overlong_cache)
         return rollout, rewards, scores, info
 
-    def _forward(self, model: torch.nn.Module, rollout: Rollout, rows: torch.Tensor | None = None):
+    def _forward(self, model: torch.nn.Module, rollout: Rollout, rows: torch.Tensor | None = None,
+                 entropies: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         m, r = self.config.model, self.config.rollout
-        return response_logprobs(model, rollout, rows, temperature=r.temperature, chunk_size=m.logprob_chunk_size)
+        return response_logprobs(model, rollout, rows, temperature=r.temperature, chunk_size=m.logprob_chunk_size,
+                                 entropies=entropies)
 
-    def _forward_all_no_grad(self, model: torch.nn.Module, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log-probs, entropies) of every response, in micro-batches, without gradients."""
+    def _forward_all_no_grad(self, model: torch.nn.Module, rollout: Rollout,
+                             entropies: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(log-probs, entropies or None) of every response, in micro-batches, without gradients."""
         n = rollout.response_ids.shape[0]
         size = self.config.train.micro_batch_size or n
         with torch.no_grad():
-            outs = [self._forward(model, rollout, torch.arange(i, min(i + size, n))) for i in range(0, n, size)]
-        return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+            outs = [self._forward(model, rollout, torch.arange(i, min(i + size, n)), entropies)
+                    for i in range(0, n, size)]
+        return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs]) if entropies else None
+
+    def _single_forward(self, n: int) -> bool:
+        """True when the step makes one update from one forward of all n rows (one epoch, one
+        minibatch, no micro-batching): that forward then also gives ℓ^old, since π_θ = π_old there."""
+        t = self.config.train
+        return t.ppo_epochs == 1 and t.num_minibatches == 1 and (t.micro_batch_size is None or t.micro_batch_size >= n)
 
     def train_step(self) -> dict[str, Any]:
         """One RLVR step; returns its metrics."""
@@ -253,55 +270,53 @@ class Trainer:
             return metrics
         device = rollout.response_ids.device
         mask = rollout.response_mask
+        n = mask.shape[0]
         rewards, group_index = rewards.to(device), rollout.group_index.to(device)
-        ref_lp = self._forward_all_no_grad(self.ref, rollout)[0] if self.ref is not None else None
-        mode = alg.loss_agg_mode or default_loss_agg_mode(alg.policy_loss)
-        fused = cfg.train.ppo_epochs == 1 and cfg.train.num_minibatches == 1 and (
-            cfg.train.micro_batch_size is None or cfg.train.micro_batch_size >= mask.shape[0])
         self.model.train()
-        loss_metrics: list[dict[str, float]] = []
-        grad_norms: list[float] = []
-        est_time = 0.0
-        bad = False
-        if fused:
-            logprobs, entropies = self._forward(self.model, rollout)
-            batch = TokenBatch(rewards, group_index, mask, logprobs.detach(), ref_lp, entropies.detach())
-            t_est = time.perf_counter()
-            advantages = compute_advantages(alg.estimator, batch, **alg.estimator_kwargs)
-            est_time = time.perf_counter() - t_est
-            loss, lm = compute_policy_loss(alg.policy_loss, batch, advantages=advantages, logprobs=logprobs,
-                                           entropies_new=entropies, loss_agg_mode=mode, **alg.loss_kwargs)
-            bad |= self._backward_and_step(loss, grad_norms)
-            loss_metrics.append(lm)
+        # ℓ^ref (no entropies needed), then ℓ^old and H of the policy before any update
+        ref_lp = self._forward_all_no_grad(self.ref, rollout, entropies=False)[0] if self.ref is not None else None
+        shared = self._forward(self.model, rollout) if self._single_forward(n) else None
+        if shared is not None:
+            old_lp, entropies = shared[0].detach(), shared[1].detach()
         else:
             old_lp, entropies = self._forward_all_no_grad(self.model, rollout)
-            batch = TokenBatch(rewards, group_index, mask, old_lp, ref_lp, entropies)
-            t_est = time.perf_counter()
-            advantages = compute_advantages(alg.estimator, batch, **alg.estimator_kwargs)
-            est_time = time.perf_counter() - t_est
-            n = mask.shape[0]
-            per_mb = n // cfg.train.num_minibatches
-            micro = cfg.train.micro_batch_size or per_mb
-            for _ in range(cfg.train.ppo_epochs):
-                order = torch.randperm(n, generator=self.shuffle_generator).to(device)
-                for mb in range(cfg.train.num_minibatches):
-                    rows = order[mb * per_mb : (mb + 1) * per_mb]
-                    sub_mask = mask[rows]
-                    n_tokens = max(int(sub_mask.sum()), 1)
-                    n_seqs = len(rows) if mode == "seq-mean-token-sum-norm" else max(int((sub_mask.sum(1) > 0).sum()), 1)
-                    self.optimizer.zero_grad(set_to_none=True)
-                    total = 0.0
-                    for i in range(0, len(rows), micro):
-                        part = rows[i : i + micro]
+        batch = TokenBatch(rewards, group_index, mask, old_lp, ref_lp, entropies)
+        t_est = time.perf_counter()
+        advantages = compute_advantages(alg.estimator, batch, **alg.estimator_kwargs)
+        est_time = time.perf_counter() - t_est
+
+        # ppo_epochs x minibatches x micro-batches; every row is trained on once per epoch
+        mode = alg.loss_agg_mode or default_loss_agg_mode(alg.policy_loss)
+        micro = cfg.train.micro_batch_size or n
+        loss_metrics: list[dict[str, float]] = []
+        grad_norms: list[float] = []
+        bad = False
+        rows_per_epoch = 0
+        for _ in range(cfg.train.ppo_epochs):
+            order = torch.randperm(n, generator=self.shuffle_generator).to(device)
+            rows_per_epoch = 0
+            for rows in order.tensor_split(cfg.train.num_minibatches):
+                if len(rows) == 0:  # fewer rows than minibatches
+                    continue
+                sub_mask = mask[rows]
+                n_tokens = max(int(sub_mask.sum()), 1)
+                n_seqs = len(rows) if mode == "seq-mean-token-sum-norm" else max(int((sub_mask.sum(1) > 0).sum()), 1)
+                self.optimizer.zero_grad(set_to_none=True)
+                total = 0.0
+                for part in rows.split(micro):
+                    if shared is not None:  # the single forward above, with its graph
+                        logprobs, entropies_new = shared[0][part], shared[1][part]
+                    else:
                         logprobs, entropies_new = self._forward(self.model, rollout, part)
-                        loss, lm = compute_policy_loss(
-                            alg.policy_loss, _rows(batch, part), advantages=advantages[part], logprobs=logprobs,
-                            entropies_new=entropies_new, loss_agg_mode=mode, max_len=mask.shape[1],
-                            global_num_tokens=n_tokens, global_num_seqs=n_seqs, **alg.loss_kwargs)
-                        loss.backward()
-                        total += float(loss.detach())
-                        loss_metrics.append(lm)
-                    bad |= self._clip_and_step(total, grad_norms)
+                    loss, lm = compute_policy_loss(
+                        alg.policy_loss, _rows(batch, part), advantages=advantages[part], logprobs=logprobs,
+                        entropies_new=entropies_new, loss_agg_mode=mode, max_len=mask.shape[1],
+                        global_num_tokens=n_tokens, global_num_seqs=n_seqs, **alg.loss_kwargs)
+                    loss.backward()
+                    total += float(loss.detach())
+                    loss_metrics.append(lm)
+                bad |= self._clip_and_step(total, grad_norms)
+                rows_per_epoch += len(rows)
         self.nan_steps = self.nan_steps + 1 if bad else 0
         elapsed = time.perf_counter() - start
         lengths = mask.sum(dim=1).float()
@@ -309,6 +324,7 @@ class Trainer:
         lm = _mean_metrics(loss_metrics)
         n_tokens = float(lengths.sum())
         metrics.update({
+            "rollout/rows": float(n),
             "reward/mean": float(rewards.mean()),
             "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
             "accuracy": float((scores >= 1.0).float().mean()),
@@ -321,6 +337,8 @@ class Trainer:
             "kl/mean": lm.get("kl/old_approx", 0.0),
             "loss": lm.get("loss", float("nan")),
             "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
+            "train/rows_per_epoch": float(rows_per_epoch),
+            "train/updates": float(len(grad_norms)),
             "time/step_s": elapsed,
             "time/estimator_s": est_time,
             "tokens_per_s": n_tokens / elapsed if elapsed > 0 else 0.0,
@@ -332,14 +350,6 @@ class Trainer:
         if bad:
             metrics["skipped"] = True
         return metrics
-
-    def _backward_and_step(self, loss: torch.Tensor, grad_norms: list[float]) -> bool:
-        self.optimizer.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss):
-            grad_norms.append(float("nan"))
-            return True
-        loss.backward()
-        return self._clip_and_step(float(loss.detach()), grad_norms)
 
     def _clip_and_step(self, loss_value: float, grad_norms: list[float]) -> bool:
         """Clip and apply the gradients; skip the update (True) when the loss or gradient is not finite."""
