@@ -19,6 +19,7 @@ from pivotrl.modeling.tiny import (
     load_tiny_policy,
     tiny_policy_path,
 )
+from pivotrl.modeling.policy import load_policy
 from pivotrl.modeling.tokenizer import TAGS, build_char_tokenizer
 from pivotrl.pretrain import (
     RECIPE_FILE,
@@ -121,6 +122,46 @@ def test_shipped_policy_answers_in_the_layout(shipped):
     assert res["format"] >= 0.9
     assert 0.0 < res["accuracy"] < 1.0
     assert res["mean_response_tokens"] <= 40
+
+
+# -- the shipped search checkpoint ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shipped_search():
+    path = tiny_policy_path("tiny-search")
+    if not (path / "model.safetensors").is_file():
+        pytest.fail(
+            "the shipped search checkpoint is missing: run "
+            f"`pivotrl pretrain --task countdown_search --output-dir {path}`"
+        )
+    return path
+
+
+def test_shipped_search_checkpoint_is_small_and_records_its_recipe(shipped_search):
+    from pivotrl.pretrain import recipe
+
+    assert (shipped_search / "model.safetensors").stat().st_size <= 20 * 1024 * 1024
+    recorded = json.loads((shipped_search / RECIPE_FILE).read_text())
+    assert recorded["recipe"] == recipe("countdown_search").to_json()
+    assert recorded["steps_done"] == recipe("countdown_search").steps
+    model, tok = load_policy("tiny-search", device="cpu")
+    assert count_parameters(model) == recorded["parameters"]
+    assert tok.padding_side == "left" and tok.pad_token_id is not None
+    assert model.config.max_position_embeddings >= 28 + recipe("countdown_search").max_new_tokens
+
+
+@pytest.mark.slow
+def test_shipped_search_policy_searches(shipped_search):
+    from pivotrl.pretrain import recipe
+
+    model, tok = load_tiny_policy(shipped_search)
+    cfg = recipe("countdown_search")
+    task = cfg.make_task(test_size=24)
+    res = heldout_accuracy(model, tok, task, n=24, temperature=1.0, max_new_tokens=cfg.max_new_tokens)
+    assert res["format"] >= 0.75
+    assert res["mean_attempts"] >= 1.5  # it searches: more than one attempt on average
+    assert 40 <= res["mean_response_tokens"] <= cfg.max_new_tokens
 
 
 # -- pretraining ---------------------------------------------------------------------------
@@ -271,3 +312,15 @@ def test_short_search_pretrain_is_bit_reproducible(tmp_path):
     assert _digest(tmp_path / "a") == _digest(tmp_path / "b")
     recorded = json.loads((tmp_path / "a" / RECIPE_FILE).read_text())
     assert recorded["recipe"]["task"] == "countdown_search" and recorded["steps_done"] == 3
+
+
+@pytest.mark.benchmark
+@pytest.mark.parametrize("task", ["countdown", "countdown_search"])
+def test_full_pretrain_regenerates_the_shipped_checkpoint_bit_for_bit(task, tmp_path):
+    """The shipped recipe, run in full (about 20 and 30 minutes of one core), writes the shipped bytes."""
+    from pivotrl.pretrain import recipe, shipped_policy_path
+
+    pretrain(tmp_path / task, recipe(task))
+    shipped = shipped_policy_path(task)
+    assert _digest(tmp_path / task) == _digest(shipped)
+    assert (tmp_path / task / RECIPE_FILE).read_text() == (shipped / RECIPE_FILE).read_text()

@@ -240,12 +240,22 @@ class CountdownSearchTask(SyntheticTask):
         )
 
     # -- the search -----------------------------------------------------------------
-    def attempt(self, rng: random.Random, numbers: Sequence[int], target: int, slip_rate: float = 0.0) -> Attempt:
+    def attempt(
+        self,
+        rng: random.Random,
+        numbers: Sequence[int],
+        target: int,
+        slip_rate: float = 0.0,
+        guide: Sequence[float] | None = None,
+    ) -> Attempt:
         """One attempt: guided random moves until the target is written or one value is left.
 
-        With ``slip_rate`` > 0 a written result is off by 1 to 3 with that
-        probability, and the attempt goes on from the written value.
+        ``guide`` (default: the task's) gives the probability of a winning move at
+        the first, middle and last step. With ``slip_rate`` > 0 a written result is
+        off by 1 to 3 with that probability, and the attempt goes on from the
+        written value.
         """
+        guide = self.guide if guide is None else guide
         written = list(numbers)  # the value each slot holds as written (slips included)
         pool = list(range(len(numbers)))  # the slots not used yet
         steps: list[tuple[int, str, int]] = []
@@ -259,7 +269,7 @@ class CountdownSearchTask(SyntheticTask):
             good = winning_moves(state, target, self.max_value)
             stage = 0 if not steps else 2 if len(pool) == 2 else 1
             a, op, b, value, _ = (
-                rng.choice(good) if good and rng.random() < self.guide[stage] else rng.choice(moves)
+                rng.choice(good) if good and rng.random() < guide[stage] else rng.choice(moves)
             )
             left = next(s for s in pool if written[s] == a)
             right = next(s for s in pool if s != left and written[s] == b)
@@ -278,21 +288,29 @@ class CountdownSearchTask(SyntheticTask):
         return Attempt(tuple(lines), expression, bool(steps) and written[-1] == target, slips)
 
     def search(
-        self, problem: Problem, rng: random.Random, *, slip_rate: float = 0.0, give_up: bool = False
+        self,
+        problem: Problem,
+        rng: random.Random,
+        *,
+        slip_rate: float = 0.0,
+        give_up: bool = False,
+        guide: Sequence[float] | None = None,
+        max_attempts: int | None = None,
     ) -> SearchTrace:
-        """Attempts until one writes the target or ``max_attempts`` are used.
+        """Attempts until one writes the target or ``max_attempts`` (default: the task's) are used.
 
-        ``give_up``: attempts that hit are drawn again (up to 30 times), so the
-        search normally fails every attempt and answers with the last one.
-        An attempt identical to an earlier one is drawn again (up to 10 times).
+        An attempt identical to an earlier one is drawn again (up to 10 draws);
+        with ``give_up`` an attempt that hits is drawn again too (up to 30 draws),
+        so the search normally fails every attempt and answers with the last one.
         """
         numbers, target = problem.answer["numbers"], problem.answer["target"]
+        limit = self.max_attempts if max_attempts is None else max_attempts
         attempts: list[Attempt] = []
         seen: set[tuple[str, ...]] = set()
-        while len(attempts) < self.max_attempts and not (attempts and attempts[-1].hit):
-            for tries in range(30 if give_up else 10):
-                attempt = self.attempt(rng, numbers, target, slip_rate)
-                if (give_up and attempt.hit) or (attempt.steps in seen and tries < 9):
+        while len(attempts) < limit and not (attempts and attempts[-1].hit):
+            for draw in range(30):
+                attempt = self.attempt(rng, numbers, target, slip_rate, guide)
+                if (give_up and attempt.hit) or (attempt.steps in seen and draw < 9):
                     continue
                 break
             seen.add(attempt.steps)
@@ -317,39 +335,39 @@ class CountdownSearchTask(SyntheticTask):
         """A search drawn with ``rng``: correct (``flaw=None``), with slips, or given up.
 
         Correct: no slip, and it finds the target within ``max_attempts`` (drawn
-        again until it does, at most 50 times, then a fully guided attempt is
-        the last). ``"wrong_step"``: at least one slip (the answer may or may
-        not be right). ``"wrong_answer"``: the answer misses the target.
+        again until it does, at most 50 times, then a single attempt that always
+        takes a winning move). ``"wrong_step"``: at least one slip (the answer may
+        or may not be right). ``"wrong_answer"``: the answer misses the target.
+        A flaw that 30 (10) draws do not produce is replaced by the other one,
+        and that by a correct search.
         """
         if flaw is not None and flaw not in FLAWS:
             raise ValueError(f"unknown flaw {flaw!r}; known: {FLAWS}")
         rng = rng or random.Random(f"search:{flaw}:{self.key(problem)}")
+        if flaw is not None:
+            other = FLAWS[1 - FLAWS.index(flaw)]
+            text = self._flawed(problem, flaw, rng) or self._flawed(problem, other, rng)
+            if text is not None:
+                return text
+        for _ in range(50):
+            trace = self.search(problem, rng)
+            if trace.solved:
+                return trace.text
+        # one attempt that always takes a winning move (every problem has one)
+        return self.search(problem, rng, guide=(1.0, 1.0, 1.0), max_attempts=1).text
+
+    def _flawed(self, problem: Problem, flaw: str, rng: random.Random) -> str | None:
         if flaw == "wrong_step":
             for _ in range(30):
                 trace = self.search(problem, rng, slip_rate=self.slip_rate)
                 if trace.slips:
                     return trace.text
-            return self.worked_solution(problem, "wrong_answer", rng)
-        if flaw == "wrong_answer":
-            for _ in range(10):
-                trace = self.search(problem, rng, give_up=True)
-                if not trace.solved:
-                    return trace.text
-            return self.worked_solution(problem, "wrong_step", rng)
-        for _ in range(50):
-            trace = self.search(problem, rng)
-            if trace.solved:
+            return None
+        for _ in range(10):
+            trace = self.search(problem, rng, give_up=True)
+            if not trace.solved:
                 return trace.text
-        return self._guided_solution(problem, rng)
-
-    def _guided_solution(self, problem: Problem, rng: random.Random) -> str:
-        """One attempt that always takes a winning move (every problem has one)."""
-        sure = CountdownSearchTask(
-            num_numbers=self.num_numbers, number_range=self.number_range,
-            target_range=self.target_range, max_value=self.max_value, max_attempts=1,
-            guide=(1.0, 1.0, 1.0),
-        )
-        return sure.search(problem, rng).text
+        return None
 
     # -- what a response contains ---------------------------------------------------------
     def response_stats(self, completion: str) -> dict[str, float]:
