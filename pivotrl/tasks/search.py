@@ -1,13 +1,13 @@
 """``countdown_search``: countdown answered by a written search.
 
-The problem is countdown's (``Use 20 13 3 4 to make 25.``, four numbers by
+The problem is countdown's (``Use 8 3 5 2 to make 26.``, four numbers by
 default, every problem solvable), but the worked solution is a search: each
 attempt combines the numbers step by step until the latest result is the
 target; an attempt that ends elsewhere is given up with `` x`` and the next
 one starts on a new line. The answer is the expression of the last attempt::
 
-    <think>20+13=33,33*3=99,99-4=95 x
-    20-13=7,7*3=21,21+4=25</think><answer>(20-13)*3+4</answer>
+    <think>8+3=11,11*2=22,22+5=27 x
+    8*3=24,24+2=26</think><answer>8*3+2</answer>
 
 A step writes its larger operand first (``13-7``, never ``7-13``), and only
 moves whose results are whole numbers in ``[1, max_value]`` are made (no
@@ -19,10 +19,10 @@ The worked solutions are drawn from a guided random search, so the first
 choice is genuinely uncertain: at each step the searcher takes, with
 probability ``guide`` (first step, middle steps, last step), a move from
 which the target can still be reached, and otherwise any legal move. With
-the default ``(0.3, 0.5, 0.9)`` about 4 in 10 first moves can still win
-(a good move is taken 30% of the time, and a random one is good about 17%
-of the time), the last step is nearly always seen, and the search needs 3
-attempts on average. A correct search succeeds within ``max_attempts``; the
+the default ``(0.3, 0.5, 0.9)`` a good first move is taken 30% of the time
+(plus the random moves that happen to be good), the last step is nearly
+always seen, and the worked searches make about 3 attempts on average
+(3.1 over 400 pretraining examples). A correct search succeeds within ``max_attempts``; the
 two flaws of :meth:`worked_solution` are ``"wrong_step"`` (arithmetic slips:
 a result off by 1 to 3, carried on, so the search may recover, give up or
 "hit" the target with a wrong expression) and ``"wrong_answer"`` (every
@@ -147,18 +147,18 @@ class CountdownSearchTask(SyntheticTask):
     """Countdown whose worked solutions search: attempts that fail, then one that hits.
 
     Options: ``num_numbers`` (default 4; 3 to 5, or a range), ``number_range``
-    (default ``(1, 20)``), ``target_range`` (default ``(10, 100)``; the target
+    (default ``(1, 10)``), ``target_range`` (default ``(10, 50)``; the target
     is drawn uniformly, and a draw that cannot be made, or equals one of the
     numbers, is drawn again), ``max_value`` (largest intermediate result a
-    worked step writes, default 200), ``max_attempts`` (default 6), ``guide``
+    worked step writes, default 100), ``max_attempts`` (default 6), ``guide``
     (the probabilities of a winning move at the first, middle and last step,
     default ``(0.3, 0.5, 0.9)``), ``slip_rate`` (per step, in ``"wrong_step"``
     traces, default 0.1) and ``exact_use`` (the verifier requires every number).
 
-    A problem's identity is countdown's (``countdown:4,13,20,3:25`` with the
+    A problem's identity is countdown's (``countdown:2,3,5,8:26`` with the
     numbers sorted), so a problem held out here is held out in ``countdown``
-    too. Prompt ``Use 20 13 3 4 to make 25.``; answer
-    ``{"numbers": [20, 13, 3, 4], "target": 25}`` (countdown's verifier).
+    too. Prompt ``Use 8 3 5 2 to make 26.``; answer
+    ``{"numbers": [8, 3, 5, 2], "target": 26}`` (countdown's verifier).
     """
 
     name = key_prefix = "countdown_search"
@@ -173,9 +173,9 @@ class CountdownSearchTask(SyntheticTask):
         self,
         *,
         num_numbers: int | Sequence[int] = 4,
-        number_range: Sequence[int] = (1, 20),
-        target_range: Sequence[int] = (10, 100),
-        max_value: int = 200,
+        number_range: Sequence[int] = (1, 10),
+        target_range: Sequence[int] = (10, 50),
+        max_value: int = 100,
         max_attempts: int = 6,
         guide: Sequence[float] = (0.3, 0.5, 0.9),
         slip_rate: float = 0.1,
