@@ -202,5 +202,49 @@ def analyze(
     typer.echo(json.dumps(result, indent=2))
 
 
+@app.command()
+def credit(
+    model: Annotated[str, typer.Option("--model", help="'tiny', a checkpoint folder or a hub id")] = "tiny",
+    ref: Annotated[str | None, typer.Option(help="Reference model for ℓ^ref (default: the policy itself)")] = None,
+    task: Annotated[str, typer.Option("--task", help="Task name")] = "countdown",
+    num_problems: Annotated[int, typer.Option("--num-problems", "-n", help="Held-out prompts sampled")] = 8,
+    group_size: Annotated[int, typer.Option("--group-size", "-g", help="Responses per prompt")] = 8,
+    k: Annotated[int, typer.Option("--continuations", "-k", help="Monte-Carlo continuations per prefix")] = 32,
+    positions: Annotated[int | None, typer.Option(help="Estimate A* at up to this many positions per entropy decile (default: every position)")] = None,
+    ablations: Annotated[bool, typer.Option("--ablations", help="Also score ERPO's ablations")] = False,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (the training temperature)")] = 1.0,
+    max_new_tokens: Annotated[int, typer.Option(help="Longest response")] = 34,
+    batch_size: Annotated[int, typer.Option(help="Continuation rows per generate call")] = 4096,
+    bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the 95% intervals")] = 1000,
+    html_estimators: Annotated[str, typer.Option(help="Comma-separated estimators shown in tokens.html")] = "grpo,erpo",
+    seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
+    output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Where credit.json, report.md, plots, tokens.html go")] = Path("runs/credit"),
+) -> None:
+    """Token advantages of every estimator against Monte-Carlo ground truth A* = V(t+1) - V(t)."""
+    from pivotrl.analysis.credit import run_credit
+    from pivotrl.modeling.policy import frozen_copy, load_policy
+    from pivotrl.rollout import make_engine
+    from pivotrl.tasks import get_task
+
+    try:
+        if num_problems < 1:
+            raise ValueError(f"-n must be >= 1, got {num_problems}")
+        the_task = get_task(task)
+        problems = the_task.problems("test")[:num_problems]
+        policy, tokenizer = load_policy(model)
+        ref_model = frozen_copy(load_policy(ref)[0]) if ref else None
+        result = run_credit(policy, tokenizer, make_engine("hf", policy, tokenizer), the_task, problems,
+                            [the_task.format_prompt(p) for p in problems], output_dir, model_name=model,
+                            task_name=task, ref_model=ref_model, ref_name=ref, group_size=group_size, k=k,
+                            max_new_tokens=max_new_tokens, temperature=temperature, positions_per_decile=positions,
+                            ablations=ablations, seed=seed, batch_rows=batch_size, bootstrap=bootstrap,
+                            html_estimators=tuple(e.strip() for e in html_estimators.split(",") if e.strip()))
+    except (KeyError, ValueError, FileNotFoundError) as err:
+        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    wall = result["summary"]["wall_time_s"]["total"]
+    typer.echo(f"credit: {result['summary']['positions']} positions in {wall:.0f} s; report: {output_dir / 'report.md'}")
+
+
 if __name__ == "__main__":
     app()

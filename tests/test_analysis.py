@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+import torch
 from PIL import Image
 
 from pivotrl.analysis.compare import plan_runs, run_comparison
-from pivotrl.analysis.pivots import analyze_policy, flip_ratio_ci
+from pivotrl.analysis.pivots import analyze_policy, flip_ratio_ci, paired_difference_ci
 from pivotrl.analysis.report import mean_ci95, write_report
 from pivotrl.analysis.runs import read_run
 from pivotrl.modeling.policy import load_policy
@@ -121,3 +123,21 @@ def test_analyze_writes_html_whose_token_count_matches_the_samples(tmp_path: Pat
     with Image.open(tmp_path / "entropy.png") as img:
         img.verify()
     assert result["n_high"] == 10 and result["n_low"] == 10
+    # the control: the same positions with the sampled token kept
+    for side in ("high", "low"):
+        kept = result[f"flip_rate_{side}_kept"]
+        assert result[f"flips_{side}_kept"] == round(kept * 10)
+        assert result[f"attributable_{side}"] == pytest.approx(result[f"flip_rate_{side}"] - kept)
+        lo, hi = result[f"attributable_{side}_ci95"]
+        assert lo <= result[f"attributable_{side}"] <= hi
+    assert result["attributable_difference"] == pytest.approx(result["attributable_high"] - result["attributable_low"])
+
+
+def test_paired_difference_interval() -> None:
+    a = torch.tensor([1, 1, 0, 1, 0, 1, 1, 0])
+    b = torch.tensor([0, 1, 0, 0, 0, 1, 0, 0])
+    mean, lo, hi = paired_difference_ci(a, b)
+    d = [1, 0, 0, 1, 0, 0, 1, 0]  # mean 3/8, sample sd sqrt(15/56)
+    assert mean == pytest.approx(3 / 8)
+    assert hi - mean == pytest.approx(1.96 * math.sqrt(15 / 56) / math.sqrt(8))
+    assert mean - lo == pytest.approx(hi - mean) and len(d) == 8

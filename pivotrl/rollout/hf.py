@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -38,17 +40,77 @@ def decode_attention_for(model: torch.nn.Module, choice: str | None) -> str | No
     return choice
 
 
+class _GrowingLayer:
+    """Mixin for transformers' DynamicLayer: new keys/values go into spare capacity instead of a torch.cat.
+
+    DynamicLayer concatenates at every decode step, copying the whole cache each time
+    (O(L^2) for L tokens); here the buffer doubles when full, so each step writes only the new
+    token. `keys`/`values` stay views of the filled part, so everything else DynamicLayer does
+    (lengths, repeat/select of batch rows, cropping) works unchanged; when one of those replaces
+    them, the next update starts a fresh buffer from what they hold. No-grad sampling only:
+    the in-place writes would break autograd.
+    """
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, q = self.get_seq_length(), key_states.shape[-2]
+        if getattr(self, "_view", None) is not self.keys:  # first call, or the base class replaced keys
+            self._k, self._v = (self.keys, self.values) if n else (None, None)
+        if self._k is None or self._k.shape[-2] < n + q or self._k.shape[:-2] != key_states.shape[:-2]:
+            size = (*key_states.shape[:-2], max(2 * (n + q), 16), key_states.shape[-1])
+            k, v = key_states.new_empty(size), value_states.new_empty(size)
+            if n:
+                k[..., :n, :], v[..., :n, :] = self.keys, self.values
+            self._k, self._v = k, v
+        self._k[..., n : n + q, :] = key_states
+        self._v[..., n : n + q, :] = value_states
+        self.keys, self.values = self._k[..., : n + q, :], self._v[..., : n + q, :]
+        self._view = self.keys
+        return self.keys, self.values
+
+
+@functools.cache
+def _growing_layer_class(dynamic_layer: type) -> type:
+    return type("GrowingDynamicLayer", (_GrowingLayer, dynamic_layer), {})
+
+
+def growing_cache(model: torch.nn.Module) -> object | None:
+    """A DynamicCache for `model` whose plain layers grow in place (see _GrowingLayer), or None.
+
+    None (use the model's own cache) when this transformers version has no DynamicLayer or
+    the cache has other kinds of layers (sliding windows, linear attention).
+    """
+    try:
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+    except ImportError:
+        return None
+    grown = _growing_layer_class(DynamicLayer)
+    cache = DynamicCache(config=model.config)
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        return None
+    if not layers and getattr(cache, "layer_class_to_replicate", None) is DynamicLayer:
+        cache.layer_class_to_replicate = grown
+        return cache
+    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        return None
+    cache.layers = [grown() for _ in layers]
+    return cache
+
+
 class HFEngine:
     """Samples with the policy itself: left-padded prompts, one forward per new token, stop at EOS."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, max_prompt_tokens: int | None = None,
-                 decode_attention: str | None = "auto") -> None:
+                 decode_attention: str | None = "auto", grow_cache_in_place: bool = True) -> None:
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs a pad and an eos token for batched sampling")
         self.model = model
         self.tokenizer = tokenizer
         self.max_prompt_tokens = max_prompt_tokens
         self.decode_attention = decode_attention
+        self.grow_cache_in_place = grow_cache_in_place
         self._cache_arg = cache_kwarg(model)
 
     def sync_weights(self) -> None:
@@ -101,7 +163,9 @@ class HFEngine:
         attention = prompt_mask.long()
         positions = positions_from_mask(attention)
         # prefill each distinct prompt once, then copy its KV cache for the G samples
-        out = self.model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        cache = growing_cache(self.model) if self.grow_cache_in_place else None
+        out = self.model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                         **({self._cache_arg: cache} if cache is not None else {}))
         cache, logits = output_cache(out), out.logits[:, -1]
         if num_samples > 1:
             cache.batch_repeat_interleave(num_samples)
