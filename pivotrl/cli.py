@@ -221,14 +221,18 @@ def credit(
     output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Where credit.json, report.md, plots, tokens.html go")] = Path("runs/credit"),
 ) -> None:
     """Token advantages of every estimator against Monte-Carlo ground truth A* = V(t+1) - V(t)."""
-    from pivotrl.analysis.credit import run_credit
+    from pivotrl.analysis.credit import check_options, run_credit
     from pivotrl.modeling.policy import frozen_copy, load_policy
     from pivotrl.rollout import make_engine
     from pivotrl.tasks import get_task
 
+    shown = tuple(e.strip() for e in html_estimators.split(",") if e.strip())
     try:
         if num_problems < 1:
             raise ValueError(f"-n must be >= 1, got {num_problems}")
+        check_options(group_size=group_size, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
+                      positions_per_decile=positions, ablations=ablations, batch_rows=batch_size,
+                      bootstrap=bootstrap, html_estimators=shown)
         the_task = get_task(task)
         problems = the_task.problems("test")[:num_problems]
         policy, tokenizer = load_policy(model)
@@ -238,7 +242,7 @@ def credit(
                             task_name=task, ref_model=ref_model, ref_name=ref, group_size=group_size, k=k,
                             max_new_tokens=max_new_tokens, temperature=temperature, positions_per_decile=positions,
                             ablations=ablations, seed=seed, batch_rows=batch_size, bootstrap=bootstrap,
-                            html_estimators=tuple(e.strip() for e in html_estimators.split(",") if e.strip()))
+                            html_estimators=shown)
     except (KeyError, ValueError, FileNotFoundError) as err:
         typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None

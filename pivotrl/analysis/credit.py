@@ -197,13 +197,18 @@ def select_positions(mask: Tensor, deciles: Tensor, per_decile: int | None, gene
     return chosen
 
 
-def estimator_advantages(batch: TokenBatch, ablations: bool = False) -> dict[str, Tensor]:
-    """Every registered estimator's (N,T) advantages with default settings, plus ERPO's ablations if asked."""
-    out = {name: compute_advantages(name, batch) for name in ESTIMATORS}
+def scored_estimators(ablations: bool = False) -> dict[str, tuple[str, dict[str, Any]]]:
+    """label -> (estimator, hyperparameters): every registered estimator, plus ERPO's ablations if asked."""
+    out: dict[str, tuple[str, dict[str, Any]]] = {name: (name, {}) for name in ESTIMATORS}
     if ablations:
-        out.update({f"erpo:{name}": compute_advantages("erpo", batch, **kwargs)
-                    for name, kwargs in ERPO_ABLATIONS.items()})
+        out.update({f"erpo:{name}": ("erpo", kwargs) for name, kwargs in ERPO_ABLATIONS.items()})
     return out
+
+
+def estimator_advantages(batch: TokenBatch, ablations: bool = False) -> dict[str, Tensor]:
+    """Every scored estimator's (N,T) advantages on the batch (see scored_estimators)."""
+    return {label: compute_advantages(name, batch, **kwargs)
+            for label, (name, kwargs) in scored_estimators(ablations).items()}
 
 
 # -- pure statistics ----------------------------------------------------------------------------------
@@ -357,6 +362,24 @@ def progress_bar(console: Console, description: str) -> Iterator[Callable[[int, 
 # -- the whole measurement ----------------------------------------------------------------------------
 
 
+def check_options(*, group_size: int, k: int, max_new_tokens: int, temperature: float,
+                  positions_per_decile: int | None, ablations: bool, batch_rows: int, bootstrap: int,
+                  html_estimators: tuple[str, ...]) -> None:
+    """ValueError naming the first bad setting of run_credit (cheap: call it before loading anything)."""
+    for name, value, least in (("group size", group_size, 1), ("k", k, 2), ("max_new_tokens", max_new_tokens, 1),
+                               ("batch rows", batch_rows, 1), ("bootstrap resamples", bootstrap, 1)):
+        if value < least:
+            raise ValueError(f"{name} must be >= {least}, got {value}")
+    if positions_per_decile is not None and positions_per_decile < 1:
+        raise ValueError(f"--positions (per entropy decile) must be >= 1, got {positions_per_decile}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 (V is an expectation over sampling), got {temperature}")
+    known = scored_estimators(ablations)
+    unknown = [name for name in html_estimators if name not in known]
+    if unknown:
+        raise ValueError(f"unknown estimator(s) for the HTML page: {', '.join(unknown)}; known: {', '.join(known)}")
+
+
 def run_credit(model: torch.nn.Module, tokenizer: Any, engine: Any, task: Any, problems: list[Any], prompts: list[str],
                output_dir: Path, *, model_name: str = "", task_name: str = "", ref_model: torch.nn.Module | None = None,
                ref_name: str | None = None, group_size: int = 8, k: int = 32, max_new_tokens: int = 34,
@@ -368,14 +391,11 @@ def run_credit(model: torch.nn.Module, tokenizer: Any, engine: Any, task: Any, p
     Returns the content of credit.json.
     """
     console = console or Console()
-    for name, value, least in (("group size", group_size, 1), ("k", k, 2), ("max_new_tokens", max_new_tokens, 1),
-                               ("batch rows", batch_rows, 1), ("bootstrap resamples", bootstrap, 1)):
-        if value < least:
-            raise ValueError(f"{name} must be >= {least}, got {value}")
+    check_options(group_size=group_size, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
+                  positions_per_decile=positions_per_decile, ablations=ablations, batch_rows=batch_rows,
+                  bootstrap=bootstrap, html_estimators=html_estimators)
     if not problems:
         raise ValueError("no problems to sample")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 (V is an expectation over sampling), got {temperature}")
     clock = {"start": time.perf_counter()}
     output_dir.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)
@@ -395,10 +415,6 @@ def run_credit(model: torch.nn.Module, tokenizer: Any, engine: Any, task: Any, p
     batch = TokenBatch(rewards.to(logprobs.device), rollout.group_index.to(logprobs.device), mask, logprobs, ref_lp,
                        entropies)
     advantages = {name: adv.double().cpu() for name, adv in estimator_advantages(batch, ablations).items()}
-    unknown = [name for name in html_estimators if name not in advantages]
-    if unknown:
-        raise ValueError(f"unknown estimator(s) for the HTML page: {', '.join(unknown)}; "
-                         f"known: {', '.join(advantages)}")
     deciles = entropy_deciles(entropies, mask)
     positions = select_positions(mask, deciles, positions_per_decile, generator)
     clock["sampled"] = time.perf_counter()
