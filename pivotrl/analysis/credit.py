@@ -41,6 +41,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import (  # noqa: E402
     BarColumn,
@@ -638,6 +639,8 @@ def plot_estimators(result: dict[str, Any], path: Path) -> None:
     for ax, keys, colours in ((left, ("spearman", "within_response_spearman"), ("tab:blue", "tab:green")),
                               (right, ("top10_mass",), ("tab:purple",))):
         height = 0.8 / len(keys)
+        handles = [Patch(color=colour, alpha=0.85, label=METRIC_HEADERS[key].replace("\\", ""))
+                   for key, colour in zip(keys, colours, strict=True)]
         for j, (key, colour) in enumerate(zip(keys, colours, strict=True)):
             pos = y - 0.4 + height * (j + 0.5)
             for p, name in zip(pos, names, strict=True):
@@ -648,10 +651,9 @@ def plot_estimators(result: dict[str, Any], path: Path) -> None:
                 ax.barh(p, est, height=height, color=colour, alpha=0.85,
                         xerr=[[est - (low if low is not None else est)], [(high if high is not None else est) - est]],
                         capsize=2)
-            ax.barh([], [], color=colour, label=METRIC_HEADERS[key].replace("\\", ""))
         ax.axvline(0, color="black", linewidth=0.8)
         ax.grid(alpha=0.3, axis="x")
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.04), ncol=len(keys))
     right.axvline(TOP_SHARE, color="tab:gray", linestyle="--", linewidth=1)
     left.set_yticks(y, names)
     left.invert_yaxis()
