@@ -118,6 +118,9 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], P
 def test_a_star_is_large_at_the_deciding_token_and_zero_elsewhere(decisive: dict[str, Any]) -> None:
     positions = decisive["positions"]
     assert len(positions) == 2 * 8 * 6  # every position of every (never-ending) response
+    for pos in positions:  # the model is what the test built: a fair coin between 'a' and 'b'
+        assert pos["logprob"] == pytest.approx(math.log(0.5), abs=1e-4)
+        assert pos["entropy"] == pytest.approx(math.log(2), abs=1e-4)
     for pos in positions:
         reward = decisive["responses"][pos["response"]]["reward"]
         if pos["t"] == DECISIVE:
@@ -365,6 +368,10 @@ def test_the_json_matches_the_report(run: tuple[dict[str, Any], Path]) -> None:
         assert decile["positions"] == len(members)
         if members:
             assert estimate == pytest.approx(statistics.fmean(members), abs=1e-12)
+            bound = statistics.fmean(1 - math.exp(p["logprob"]) for p in on_disk["positions"]
+                                     if p["decile"] == decile["decile"] - 1)
+            assert decile["bound_mean"] == pytest.approx(bound, abs=1e-12)
+            assert float(row[6]) == pytest.approx(bound, abs=5e-4)
     ratio = on_disk["entropy_deciles"]["top_bottom_ratio"]
     line = next(line for line in report.splitlines() if line.startswith("Ratio of mean |A*|"))
     if ratio[1] is not None:

@@ -97,7 +97,8 @@ def estimate_values(engine: Any, rollout: Rollout, rewards: Tensor, score: Calla
                     generator: torch.Generator, progress: Callable[[int, int], None] | None = None) -> ValueTable:
     """Monte-Carlo V(t) where `needed` (N, R+1) is True, by K continuations per distinct prefix.
 
-    `score(row, text)` is the reward of a completed text for the prompt of response `row`.
+    `score(row, text)` is the reward of a completed text for the prompt of response `row`; it may
+    depend on the row only through its group (the prompt), so equal texts of a group are scored once.
     At t = T_i (the response's end) V is its reward, exactly, with standard error 0.
     Prefixes are sampled in calls of about `batch_rows` continuation rows (prefixes x K),
     shortest prefixes first; a continuation of o_<t keeps max_new_tokens - t tokens at most,
@@ -427,8 +428,8 @@ def run_credit(model: torch.nn.Module, tokenizer: Any, engine: Any, task: Any, p
     clock["estimated"] = time.perf_counter()
     star, star_se = true_advantages(table, positions)
     result = assemble_result(
-        rollout, tokenizer, problems, rewards, entropies.double().cpu(), deciles, positions, table, star, star_se,
-        advantages, settings={
+        rollout, tokenizer, problems, rewards, entropies.double().cpu(), logprobs.double().cpu(), deciles, positions,
+        table, star, star_se, advantages, settings={
             "temperature": temperature, "max_new_tokens": max_new_tokens, "k": k, "task": task_name, "model": model_name,
             "ref": ref_name if ref_model is not None else "the policy itself (ERPO's process term is 0)",
             "num_prompts": len(problems), "group_size": group_size, "seed": seed,
@@ -446,10 +447,15 @@ def run_credit(model: torch.nn.Module, tokenizer: Any, engine: Any, task: Any, p
 
 
 def assemble_result(rollout: Rollout, tokenizer: Any, problems: list[Any], rewards: Tensor, entropies: Tensor,
-                    deciles: Tensor, positions: Tensor, table: ValueTable, star: Tensor, star_se: Tensor,
-                    advantages: dict[str, Tensor], *, settings: dict[str, Any],
+                    logprobs: Tensor, deciles: Tensor, positions: Tensor, table: ValueTable, star: Tensor,
+                    star_se: Tensor, advantages: dict[str, Tensor], *, settings: dict[str, Any],
                     rng: np.random.Generator) -> dict[str, Any]:
-    """The content of credit.json: settings, responses, positions, per-estimator metrics, entropy deciles."""
+    """The content of credit.json: settings, responses, positions, per-estimator metrics, entropy deciles.
+
+    Each position also carries `logprob`, log π(o_t | o_<t) at the sampling temperature: with
+    rewards in [0,1], |A*(t)| <= 1 - π(o_t) (A*(t) = Σ_{a≠o_t} π(a)·(Q(o_t) − Q(a))), the
+    `bound_mean` of each entropy decile.
+    """
     mask = rollout.response_mask.cpu()
     lengths = mask.sum(dim=1)
     group = rollout.group_size
@@ -474,7 +480,7 @@ def assemble_result(rollout: Rollout, tokenizer: Any, problems: list[Any], rewar
     for j, (i, t) in enumerate(zip(rows.tolist(), ts.tolist(), strict=True)):
         position_rows.append({
             "response": i, "t": t, "token_id": responses[i]["response_ids"][t], "token": responses[i]["tokens"][t],
-            "entropy": float(entropies[i, t]), "decile": int(deciles[i, t]),
+            "entropy": float(entropies[i, t]), "logprob": float(logprobs[i, t]), "decile": int(deciles[i, t]),
             "v_before": float(table.values[i, t]), "v_after": float(table.values[i, t + 1]),
             "se_before": float(table.se[i, t]), "se_after": float(table.se[i, t + 1]),
             "advantage_true": float(star_np[j]), "se": float(se_np[j]),
@@ -494,6 +500,7 @@ def assemble_result(rollout: Rollout, tokenizer: Any, problems: list[Any], rewar
     valid_h = entropies[mask].numpy()
     valid_d = deciles[mask].numpy()
     noise = se_np * math.sqrt(2 / math.pi)
+    bound = 1 - logprobs[rows, ts].exp().numpy()
     decile_rows = []
     for d in range(10):
         here = position_deciles == d
@@ -503,6 +510,7 @@ def assemble_result(rollout: Rollout, tokenizer: Any, problems: list[Any], rewar
             "positions": int(here.sum()), "mean_abs_advantage_true": triplet(low_d[d], point_d[d], high_d[d]),
             "noise_floor": float(noise[here].mean()) if here.any() else None,
             "mean_sq_debiased": float((star_np[here] ** 2 - se_np[here] ** 2).mean()) if here.any() else None,
+            "bound_mean": float(bound[here].mean()) if here.any() else None,
         })
     oracle = top_mass_share(star_np, top_weights(star_np)) if len(star_np) else math.nan
     summary = {
@@ -582,19 +590,21 @@ def markdown_report(result: dict[str, Any]) -> str:
               "A uniform spread of |A| puts 0.100 of its mass on the top-10% tokens; "
               f"|A*| itself puts {_num(m['top10_mass_of_true'])} there.\n",
               "## Pivots: |A*| by entropy decile\n",
-              "| decile | entropy (nats) | positions | mean \\|A*\\| [95% CI] | noise floor | mean A*² − se² |",
-              "|---:|---|---:|---|---:|---:|"]
+              "| decile | entropy (nats) | positions | mean \\|A*\\| [95% CI] | noise floor | mean A*² − se² "
+              "| mean 1 − π(o_t) |",
+              "|---:|---|---:|---|---:|---:|---:|"]
     for row in result["entropy_deciles"]["deciles"]:
         span = ("–" if row["entropy_low"] is None
                 else f"{row['entropy_low']:.3f}–{row['entropy_high']:.3f}")
         lines.append(f"| {row['decile']} | {span} | {row['positions']} | "
                      f"{cell(row['mean_abs_advantage_true'])} | {_num(row['noise_floor'])} | "
-                     f"{_num(row['mean_sq_debiased'], '.4f')} |")
+                     f"{_num(row['mean_sq_debiased'], '.4f')} | {_num(row.get('bound_mean'))} |")
     ratio = result["entropy_deciles"]["top_bottom_ratio"]
     lines += ["",
               f"Ratio of mean |A*|, top decile / bottom decile: **{cell(ratio, '.2f')}**.\n",
               "Noise floor: mean of se·√(2/π), the mean |A*| that tokens whose true advantage is 0 would show; "
-              "mean A*² − se² is an unbiased estimate of the mean squared true advantage.\n",
+              "mean A*² − se² is an unbiased estimate of the mean squared true advantage. "
+              "1 − π(o_t) bounds |A*(t)| for rewards in [0, 1]: a token the policy was sure of cannot move V much.\n",
               "![mean |A*| by entropy decile](entropy_deciles.png)\n",
               "![estimators against A*](estimators.png)\n"]
     return "\n".join(lines)
