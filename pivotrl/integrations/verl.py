@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import inspect
 import json
 import logging
 import os
@@ -79,6 +78,7 @@ from pivotrl.algorithms import (
     TokenBatch,
     compute_advantages,
     estimator_requirements,
+    hyperparameters,
     loss_requirements,
 )
 
@@ -165,7 +165,7 @@ def estimator_hparams(name: str, config: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ValueError(f"algorithm.{ESTIMATOR_KWARGS_KEY} must be a mapping, got {type(raw).__name__}")
     hp = dict(raw)
-    params = inspect.signature(ESTIMATORS[name]).parameters
+    params = hyperparameters(ESTIMATORS[name])
     if "norm_by_std" in params and "norm_by_std" not in hp:
         norm = _cfg_get(config, "norm_adv_by_std_in_grpo", None)
         if norm is not None:
@@ -392,7 +392,7 @@ def policy_loss_hparams(name: str, config: Any = None) -> dict[str, Any]:
     The KL term is verl's (``actor.use_kl_loss``): ``beta_kl`` is 0 here, including for tepo, whose
     masked KL needs entropies and reference log-probs that verl's loss interface does not pass.
     """
-    params = list(inspect.signature(POLICY_LOSSES[name]).parameters)[4:]
+    params = list(hyperparameters(POLICY_LOSSES[name]))
     hp: dict[str, Any] = {}
     if config is not None:
         clip = _cfg_get(config, "clip_ratio", None)
