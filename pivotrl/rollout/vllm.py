@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from pivotrl.rollout.base import Rollout, left_pad, tokenize_prompts
+from pivotrl.train.config import ConfigError
 
 #: The vLLM releases whose API this engine follows (also the `vllm` extra in pyproject.toml).
 VLLM_VERSIONS = ">=0.24,<0.25"
@@ -35,19 +36,19 @@ class VLLMEngine:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, max_prompt_tokens: int | None = None,
                  gpu_memory_utilization: float = 0.3, seed: int = 0) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine: weights pass by reference
         try:
             import vllm
         except ImportError as err:
-            raise ValueError(f"rollout.engine=vllm needs vLLM: pip install 'pivotrl[vllm]' (vllm{VLLM_VERSIONS}, "
-                             "GPU only)") from err
+            raise ConfigError(f"rollout.engine=vllm needs vLLM: pip install 'pivotrl[vllm]' (vllm{VLLM_VERSIONS}, "
+                              "GPU only)") from None
         if not torch.cuda.is_available():
-            raise ValueError("rollout.engine=vllm needs a CUDA GPU; use rollout.engine=hf on CPU")
+            raise ConfigError("rollout.engine=vllm needs a CUDA GPU; use rollout.engine=hf on CPU")
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs a pad and an eos token for batched sampling")
         self.model, self.tokenizer = model, tokenizer
         self.max_prompt_tokens = max_prompt_tokens
         self._sampling_params = vllm.SamplingParams
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine: weights pass by reference
         self._config_dir = tempfile.TemporaryDirectory(prefix="pivotrl-vllm-")
         config = copy.deepcopy(model.config)
         config.architectures = [type(model).__name__]
