@@ -39,7 +39,7 @@ class VLLMEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine: weights pass by reference
         try:
             import vllm
-        except ImportError as err:
+        except ImportError:
             raise ConfigError(f"rollout.engine=vllm needs vLLM: pip install 'pivotrl[vllm]' (vllm{VLLM_VERSIONS}, "
                               "GPU only)") from None
         if not torch.cuda.is_available():
