@@ -71,7 +71,7 @@ class RolloutEngine(Protocol):
         top_p: float = 1.0,
         generator: torch.Generator | None = None,
     ) -> Rollout:
-        """num_samples completions of every prompt, as a Rollout."""
+        """num_samples completions of every prompt, as a Rollout (with sampler_logprobs for the trainer's sampler check)."""
         ...
 
     def sync_weights(self) -> None:
