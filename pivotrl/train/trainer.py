@@ -52,12 +52,10 @@ from pivotrl.rollout import Rollout, concat_rollouts, make_engine, select_rows
 from pivotrl.tasks import get_task
 from pivotrl.train import checkpoint as ckpt
 from pivotrl.train.config import ConfigError, RunConfig, dump_config
+from pivotrl.train.errors import TrainingAborted
 from pivotrl.train.forward import response_logprobs
 from pivotrl.train.loggers import MetricsLogger, truncate_metrics
-
-
-class TrainingAborted(RuntimeError):
-    """The run stopped on purpose (e.g. repeated NaN losses); the last checkpoint is intact."""
+from pivotrl.train.sampler_check import SamplerCheck, logprob_diff
 
 
 def preflight(config: RunConfig) -> tuple[frozenset[str], frozenset[str]]:
@@ -154,9 +152,10 @@ class Trainer:
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         engine_options: dict[str, Any] = {"max_prompt_tokens": cfg.rollout.max_prompt_tokens}
-        if cfg.rollout.engine == "hf":
-            engine_options["decode_attention"] = cfg.rollout.decode_attention
+        if cfg.rollout.engine == "vllm":
+            engine_options.update(gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, seed=cfg.train.seed)
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, **engine_options)
+        self.sampler_check = SamplerCheck(cfg.rollout.max_logprob_diff, cfg.rollout.logprob_diff_patience)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr, betas=cfg.train.adam_betas,
                                            weight_decay=cfg.train.weight_decay)
         if latest is not None:
@@ -280,6 +279,9 @@ class Trainer:
             old_lp, entropies = shared[0].detach(), shared[1].detach()
         else:
             old_lp, entropies = self._forward_all_no_grad(self.model, rollout)
+        if rollout.sampler_logprobs is not None:  # does the engine sample from this policy?
+            metrics["rollout/logprob_diff"] = logprob_diff(rollout.sampler_logprobs, old_lp, mask)
+            self.sampler_check.observe(metrics["rollout/logprob_diff"], self.step + 1)
         batch = TokenBatch(rewards, group_index, mask, old_lp, ref_lp, entropies)
         t_est = time.perf_counter()
         advantages = compute_advantages(alg.estimator, batch, **alg.estimator_kwargs)
@@ -361,6 +363,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             return True
         self.optimizer.step()
+        self.engine.sync_weights()  # the next rollout samples from the updated policy
         return False
 
     # -- evaluation -----------------------------------------------------------
