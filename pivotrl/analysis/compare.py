@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +54,14 @@ def plan_runs(methods: list[str], seeds: int, ablate: str | None = None) -> list
 
 def run_comparison(config: Path | None, methods: list[str], seeds: int, output_dir: Path, *,
                    ablate: str | None = None, extra: list[str] = (), jobs: int = 1,
-                   console: Console | None = None) -> Path:
+                   console: Console | None = None, warn: Callable[[str], None] | None = None) -> Path:
     """Train every (method, seed) not yet finished (resuming unfinished ones), then write the report.
 
     jobs > 1 trains that many runs side by side in separate processes (set train.num_threads
-    so that jobs x threads does not exceed the cores).
+    so that jobs x threads does not exceed the cores). `warn` receives what makes the
+    comparison meaningless or unfair (see report_warnings); by default it is printed.
     """
-    from pivotrl.analysis.report import write_report
+    from pivotrl.analysis.report import report_warnings, write_report
     from pivotrl.analysis.runs import read_run
     from pivotrl.train.config import load_config
     from pivotrl.train.recipes import default_config_path
@@ -95,14 +97,20 @@ def run_comparison(config: Path | None, methods: list[str], seeds: int, output_d
                 future.result()  # re-raises a run's error here
     records = [read_run(run_dir, label=label) for label, run_dir in run_dirs]
     notes = _notes(base, extra, ablate)
-    return write_report(records, output_dir, title="pivotrl compare", notes=notes)
+    report = write_report(records, output_dir, title="pivotrl compare", notes=notes)
+    for message in report_warnings(records):
+        (warn or (lambda m: console.print(f"[yellow]warning:[/] {m}", soft_wrap=True)))(message)
+    return report
 
 
 def _train(cfg: Any, console: Console | None = None) -> None:
-    """One run to its end, resuming from its newest checkpoint (top level, so a worker process can run it)."""
+    """One run to its end, resuming an unfinished one from its newest checkpoint (top level, so a
+    worker process can run it)."""
+    from pivotrl.train.run_folder import run_contents
     from pivotrl.train.trainer import Trainer
 
-    Trainer(cfg, resume=True, console=console or Console()).run()
+    resume = bool(run_contents(Path(cfg.output_dir)))
+    Trainer(cfg, resume=resume, console=console or Console()).run()
 
 
 def _notes(base: Path, extra: list[str], ablate: str | None) -> str:
