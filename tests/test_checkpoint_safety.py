@@ -107,14 +107,17 @@ def test_resume_falls_back_from_a_truncated_checkpoint(finished_run: Path, tmp_p
     run = copy_run(finished_run, tmp_path)
     newest = run / "checkpoints" / "step-000003"
     weights = newest / ckpt.MODEL_FILE
+    weights_size = weights.stat().st_size
     with open(weights, "r+b") as f:
-        f.truncate(weights.stat().st_size // 2)
+        f.truncate(weights_size // 2)
 
     proc = resume(run)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     assert "Traceback" not in output
-    assert "warning: checkpoint step-000003 is not usable" in " ".join(output.split())
-    assert "model.safetensors: damaged" in output and "resumed from" in output and "step-000002" in output
+    message = " ".join(output.split())
+    assert "warning: checkpoint step-000003 is not usable" in message and "model.safetensors: damaged" in message
+    assert "set aside as step-000003.damaged" in message and "resumed from" in message
+    assert (run / "checkpoints" / "step-000003.damaged" / ckpt.MODEL_FILE).stat().st_size == weights_size // 2
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]  # step 3 was redone from step 2's checkpoint

@@ -64,6 +64,7 @@ def run_comparison(config: Path | None, methods: list[str], seeds: int, output_d
     from pivotrl.analysis.report import report_warnings, write_report
     from pivotrl.analysis.runs import read_run
     from pivotrl.train.config import load_config
+    from pivotrl.train.interrupts import TrainingInterrupted
     from pivotrl.train.recipes import default_config_path
 
     if jobs < 1:
@@ -80,27 +81,36 @@ def run_comparison(config: Path | None, methods: list[str], seeds: int, output_d
             console.print(f"[{i}/{len(plan)}] {label} seed {seed}: done already ({run_dir})")
         else:
             pending.append((f"[{i}/{len(plan)}] {label} seed {seed} -> {run_dir}", cfg))
-    if jobs == 1:
-        for message, cfg in pending:
-            console.print(message)
-            _train(cfg, console)
-    else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = []
-            for message, cfg in pending:
-                console.print(message)
-                futures.append(pool.submit(_train, cfg))
-            for future in futures:
-                future.result()  # re-raises a run's error here
+    try:
+        _train_all(pending, jobs, console)
+    except (KeyboardInterrupt, TrainingInterrupted):
+        raise TrainingInterrupted("interrupted: rerun the same compare command to continue (finished runs are "
+                                  "kept; unfinished ones resume from their newest checkpoint)") from None
     records = [read_run(run_dir, label=label) for label, run_dir in run_dirs]
     notes = _notes(base, extra, ablate)
     report = write_report(records, output_dir, title="pivotrl compare", notes=notes)
     for message in report_warnings(records):
         (warn or (lambda m: console.print(f"[yellow]warning:[/] {m}", soft_wrap=True)))(message)
     return report
+
+
+def _train_all(pending: list[tuple[str, Any]], jobs: int, console: Console) -> None:
+    """Train the pending (message, config) runs, `jobs` at a time."""
+    if jobs == 1:
+        for message, cfg in pending:
+            console.print(message)
+            _train(cfg, console)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = []
+        for message, cfg in pending:
+            console.print(message)
+            futures.append(pool.submit(_train, cfg))
+        for future in futures:
+            future.result()  # re-raises a run's error here
 
 
 def _train(cfg: Any, console: Console | None = None) -> None:

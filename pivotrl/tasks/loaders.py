@@ -226,7 +226,7 @@ def rows_to_problems(
         logger.warning("%s: skipped %d row(s): %s", source, count, why)
     if not problems:
         if total == 0 and not count:
-            raise ValueError(f"{source}: no rows (the file is empty)")
+            raise ValueError(f"{source}: no usable rows: the file is empty")
         fields = f"; its rows have the fields {', '.join(sorted(seen_fields))}" if seen_fields else ""
         raise ValueError(
             f"{source}: no usable rows (need a non-empty {question_field!r} and {answer_field!r}; "

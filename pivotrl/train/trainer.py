@@ -442,27 +442,30 @@ class Trainer:
     def _resume_point(self) -> tuple[Path, dict[str, Any]] | None:
         """Load the weights of the newest intact checkpoint; return it and its trainer state.
 
-        A damaged or unsafe checkpoint is skipped with a warning that names it; when
-        checkpoints exist but none is intact, CheckpointError lists what is wrong with each.
+        A damaged or unsafe checkpoint is skipped with a warning that names it, and set aside
+        (renamed step-N.damaged, which nothing loads or rotates) once an older one is usable.
+        When checkpoints exist but none is intact, CheckpointError lists what is wrong with each.
         """
         found = ckpt.list_checkpoints(self.out / "checkpoints")
-        problems: list[str] = []
+        unusable: list[tuple[Path, str]] = []
         for path in reversed(found):
             try:
                 ckpt.check_model_file(path)
                 state = ckpt.load_state(path)
                 model = self._load_weights(path)
             except ckpt.CheckpointError as err:
-                problems.append(str(err))
-                self.console.print(f"[yellow]warning:[/] checkpoint {path.name} is not usable: {err}",
-                                   soft_wrap=True)
+                unusable.append((path, str(err)))
                 continue
-            if problems:
-                self.console.print(f"[yellow]warning:[/] resuming from the older checkpoint {path}", soft_wrap=True)
+            for bad, why in unusable:
+                aside = bad.with_name(f"{bad.name}.damaged")
+                bad.rename(aside)
+                self.console.print(f"[yellow]warning:[/] checkpoint {bad.name} is not usable ({why}); "
+                                   f"set aside as {aside.name}, resuming from the older {path.name}", soft_wrap=True)
             self.model = model
             return path, state
-        if problems:
-            raise ckpt.CheckpointError(f"no intact checkpoint in {self.out / 'checkpoints'}: " + "; ".join(problems))
+        if unusable:
+            raise ckpt.CheckpointError(f"no intact checkpoint in {self.out / 'checkpoints'}: "
+                                       + "; ".join(why for _, why in unusable))
         return None
 
     def _load_weights(self, path: Path) -> torch.nn.Module:
@@ -601,7 +604,8 @@ class Trainer:
                 "mean_length_before": before.get("mean_length"), "mean_length_after": after["mean_length"],
                 "eval_problems": after["num_problems"], "eval_samples_per_problem": after["samples_per_problem"],
             })
-            table = Table(title=f"held-out {self.eval_task.name} ({after['num_problems']} problems)")
+            title = f"held-out {self.eval_task.name} ({after['num_problems']} problems)"
+            table = Table(title=title, min_width=len(title))  # the title on one line, also in a log file
             for col in ("", "before", "after"):
                 table.add_column(col, justify="right")
             table.add_row("accuracy", f"{before.get('accuracy', float('nan')):.3f}", f"{after['accuracy']:.3f}")
