@@ -79,6 +79,7 @@ def test_a_legacy_pickled_state_of_plain_tensors_still_loads(tmp_path: Path) -> 
     assert loaded["step"] == 2 and torch.equal(loaded["order"], state["order"])
 
 
+@pytest.mark.slow
 def test_a_crafted_pickle_is_refused_and_never_runs(finished_run: Path, tmp_path: Path) -> None:
     run = copy_run(finished_run, tmp_path)
     marker = tmp_path / "pwned"
@@ -103,6 +104,7 @@ def test_a_crafted_pickle_is_refused_and_never_runs(finished_run: Path, tmp_path
     assert not (run / "checkpoints" / "step-000004").exists()
 
 
+@pytest.mark.slow
 def test_resume_falls_back_from_a_truncated_checkpoint(finished_run: Path, tmp_path: Path) -> None:
     run = copy_run(finished_run, tmp_path)
     newest = run / "checkpoints" / "step-000003"

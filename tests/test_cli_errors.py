@@ -74,6 +74,7 @@ def test_eval_checks_its_output_before_any_work(tmp_path: Path) -> None:
         assert_user_error(proc, "--output", expected)
 
 
+@pytest.mark.slow
 def test_a_missing_model_path_fails_at_once(tmp_path: Path) -> None:
     started = time.perf_counter()
     proc = pivotrl("eval", "--task", "countdown", "-n", "1", "--model", str(tmp_path / "nope" / "model"))
@@ -94,6 +95,7 @@ def test_train_names_leftover_task_options(tmp_path: Path) -> None:
     assert "TypeError" not in line
 
 
+@pytest.mark.slow
 def test_train_names_a_missing_data_file_and_model(tmp_path: Path) -> None:
     missing = tmp_path / "missing.jsonl"
     assert_user_error(train(tmp_path / "a", "task.name=file", f"task.options={{path: {missing}}}", *FAST),
@@ -102,6 +104,7 @@ def test_train_names_a_missing_data_file_and_model(tmp_path: Path) -> None:
                       "no-model", "does not exist")
 
 
+@pytest.mark.slow
 def test_train_checks_the_output_folder_first(tmp_path: Path) -> None:
     a_file = tmp_path / "a_file"
     a_file.write_text("")
@@ -113,6 +116,7 @@ def test_train_checks_the_output_folder_first(tmp_path: Path) -> None:
 # -- train: a used run folder ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_used_run_folder_is_refused_then_moved_aside_intact(tmp_path: Path) -> None:
     run = tmp_path / "run"
     Trainer(load_config(SMOKE, [f"output_dir={run}", "train.max_steps=2", "eval.num_problems=4"])).run()
@@ -135,6 +139,7 @@ def test_a_used_run_folder_is_refused_then_moved_aside_intact(tmp_path: Path) ->
 # -- degenerate settings ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_group_size_one_is_warned_about_and_still_learns(tmp_path: Path) -> None:
     proc = train(tmp_path / "run", "rollout.group_size=1", "rollout.prompts_per_step=16", "rollout.max_new_tokens=34",
                  "algorithm.estimator=grpo", "model.name_or_path=tiny", *FAST)
@@ -169,6 +174,7 @@ def test_group_size_one_is_refused_where_nothing_could_be_learned(tmp_path: Path
 # -- interrupts and logs -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path: Path) -> None:
     run, log = tmp_path / "run", tmp_path / "stdout.txt"
     cmd = [sys.executable, "-m", "pivotrl.cli", "train", "--config", str(SMOKE), "--output-dir", str(run),
@@ -199,6 +205,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path: Path) -> None:
 # -- compare and report -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_compare_warns_when_every_reward_is_zero_and_stays_resumable(tmp_path: Path) -> None:
     out = tmp_path / "cmp"
     args = ["compare", "--config", str(SMOKE), "--methods", "grpo", "--seeds", "1", "-o", str(out),

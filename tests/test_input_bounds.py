@@ -52,6 +52,7 @@ MEASURE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_eval_on_a_file_with_one_huge_line_stays_small(tmp_path: Path) -> None:
     data = tmp_path / "problems.jsonl"
     long_question = "What is 7 times 6? " * 60  # about 1 100 characters: longer than the tiny model's 256 positions

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -138,11 +140,16 @@ def load_state(path: Path) -> dict[str, Any]:
     legacy = path / LEGACY_STATE
     if legacy.is_file():
         try:
-            state = torch.load(legacy, map_location="cpu", weights_only=True)
-        except Exception as err:  # noqa: BLE001 - any refusal or damage means: not loadable safely
+            with warnings.catch_warnings():  # torch warns about pickle protocols it reads anyway
+                warnings.simplefilter("ignore")
+                state = torch.load(legacy, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
             raise CheckpointError(
-                f"{legacy}: cannot be read safely (torch.load with weights_only=True refused it: "
-                f"{first_line(err)}); it was not loaded, and nothing in it ran") from None
+                f"{legacy}: cannot be read safely: torch.load(weights_only=True), which builds nothing but "
+                "tensors and plain containers, refused it (objects that could run code, or a damaged file); "
+                "it was not loaded, and nothing in it ran") from None
+        except Exception as err:  # noqa: BLE001 - a damaged file raises whatever the zip/pickle reader hits
+            raise CheckpointError(f"{legacy}: damaged ({first_line(err)})") from None
         if not isinstance(state, dict):
             raise CheckpointError(f"{legacy}: not a trainer state (a {type(state).__name__})")
         return state
