@@ -137,7 +137,9 @@ class EvalConfig(Section):
 
 class LogConfig(Section):
     progress: bool = True
-    """Show a progress bar with ETA and live reward."""
+    """Show progress: a live bar with ETA and reward on a terminal, plain lines otherwise (a log file)."""
+    print_every: int = Field(10, ge=1)
+    """When the output is not a terminal: print a plain progress line every N steps."""
     tensorboard: bool = False
     """Also log to TensorBoard (extra: tensorboard)."""
     wandb: bool = False
