@@ -115,7 +115,7 @@ def test_bad_loss_inputs(kw: dict[str, object], match: str) -> None:
 
 
 @pytest.mark.parametrize("hp,match", [({"block_size": 0}, "block_size"), ({"mode": "tiles"}, "mode"),
-                                      ({"future_share": 1.5}, "future_share")])
+                                      ({"future_share": 1.5}, "future_share"), ({"future_share": 1.0}, "future_share")])
 def test_bad_mpo_hyperparameters(hp: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         compute_policy_loss("mpo", B, advantages=torch.ones_like(B.old_logprobs), logprobs=B.old_logprobs, **hp)

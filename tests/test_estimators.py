@@ -222,3 +222,19 @@ def test_bfloat16_logprobs_are_promoted_with_float32_rewards() -> None:
     half = TokenBatch(b.rewards, b.group_index, b.response_mask, b.old_logprobs.bfloat16(),
                       b.ref_logprobs.bfloat16(), b.entropies.bfloat16())
     assert compute_advantages("erpo", half).dtype == torch.float32
+
+
+def test_ep_grpo_singleton_group_takes_the_zero_variance_anchor() -> None:
+    """A group of one response has trivially equal rewards: d = sgn(r − θ_r), while Â keeps GRPO's
+    singleton convention (mean 0, std 1)."""
+    entropies = [[0.5, 1.0, 2.0]]
+    old, ref = [[-1.0, -0.2, -0.5]], [[-0.4, -0.9, -0.5]]
+    for reward, sign in ((0.0, -1.0), (1.0, 1.0)):
+        batch = make_batch([reward], [0], [3], entropies=entropies, old=old, ref=ref)
+        ep = compute_advantages("ep_grpo", batch, gate=False, buckets=False)
+        s_tilde = compute_advantages("ep_grpo", batch, gate=False, buckets=False, anchor=False) - reward / (1 + 1e-6)
+        assert s_tilde.abs().sum() > 0.1
+        torch.testing.assert_close(ep, reward / (1 + 1e-6) + sign * s_tilde)
+    # ERPO has no fallback: a singleton with r = 0 has Â = 0, so d = sgn(Â) = 0 and A = 0
+    batch = make_batch([0.0], [0], [3], entropies=entropies, old=old, ref=ref)
+    assert torch.equal(compute_advantages("erpo", batch, gate=False), torch.zeros(1, 3, dtype=torch.float64))

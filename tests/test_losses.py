@@ -40,6 +40,19 @@ def test_dual_clip_hand_case() -> None:
         ppo_case([0.0], [1.0], dual_clip=0.5)
 
 
+@pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
+def test_log_ratio_is_clamped_so_an_overflow_with_zero_advantage_is_not_nan(name: str) -> None:
+    # ℓ^θ − ℓ^old = 100 on a whole response (token, sequence and block ratios alike): exp overflows
+    # float32, and inf · 0 = NaN, unless the log-ratio is clamped to ±20
+    batch = make_batch([0.0, 1.0], [0, 0], [3, 3], old=[[0.0] * 3] * 2, dtype=torch.float32)
+    logprobs = torch.tensor([[100.0, 100.0, 100.0], [0.0, -0.1, 0.1]], requires_grad=True)
+    adv = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    loss, metrics = compute_policy_loss(name, batch, advantages=adv, logprobs=logprobs, beta_kl=0.0,
+                                        eps_low=0.2, eps_high=0.28)
+    assert torch.isfinite(loss) and math.isfinite(metrics["ratio/max"])
+    assert metrics["ratio/max"] <= math.exp(20.0) * (1 + 1e-6)
+
+
 def test_kl_estimators_hand_values() -> None:
     lp, ref = torch.tensor([0.0]), torch.tensor([math.log(0.5)])
     # x = ℓ - ℓref = ln 2: k1 = 0.693147, k2 = 0.240227, k3 = e^{-x} + x - 1 = 0.5 + 0.693147 - 1

@@ -76,6 +76,51 @@ def test_dynamic_sampling_and_overlong_shaping(tmp_path: Path) -> None:
     assert all(r.get("skipped") for r in records)
 
 
+def test_minibatches_that_do_not_divide_the_rows_train_every_row_once(tmp_path: Path) -> None:
+    # dynamic sampling keeps a varying number of groups of the shipped policy; 3 minibatches rarely divide them
+    cfg = smoke(tmp_path, "model.name_or_path=tiny", "model.arch={}", "rollout.dynamic_sampling=true",
+                "rollout.prompts_per_step=5", "rollout.max_new_tokens=34", "train.num_minibatches=3",
+                "train.ppo_epochs=2", "algorithm.estimator=grpo", "eval.before_after=false", "train.max_steps=3")
+    Trainer(cfg).run()
+    records = [r for r in read_metrics(tmp_path) if not r.get("skipped")]
+    assert records, "dynamic sampling kept no group in 3 steps"
+    for r in records:
+        assert r["train/rows_per_epoch"] == r["rollout/rows"]
+        assert r["train/updates"] == 2 * min(3, r["rollout/rows"])
+    assert any(r["rollout/rows"] % 3 for r in records)
+
+
+def test_fewer_rows_than_minibatches_still_trains(tmp_path: Path) -> None:
+    cfg = smoke(tmp_path, "rollout.prompts_per_step=1", "rollout.group_size=2", "train.num_minibatches=4",
+                "algorithm.estimator=grpo", "eval.before_after=false", "train.max_steps=1")
+    Trainer(cfg).run()
+    record = read_metrics(tmp_path)[0]
+    assert record["train/rows_per_epoch"] == 2 and record["train/updates"] == 2
+
+
+def test_single_forward_step_equals_the_general_loop(tmp_path: Path) -> None:
+    """One epoch, one minibatch: the shared forward gives the same update as a separate no-grad forward."""
+    fused = Trainer(smoke(tmp_path / "a", "train.max_steps=1", "eval.before_after=false"))
+    loop = Trainer(smoke(tmp_path / "b", "train.max_steps=1", "eval.before_after=false",
+                         "train.micro_batch_size=1000"))
+    loop._single_forward = lambda n: False  # the same configuration through the general path
+    fused.run()
+    loop.run()
+    for p, q in zip(fused.model.parameters(), loop.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
+    a, b = without_timings(read_metrics(tmp_path / "a")), without_timings(read_metrics(tmp_path / "b"))
+    assert a[0].keys() == b[0].keys()
+    for key in a[0]:
+        assert a[0][key] == pytest.approx(b[0][key], rel=1e-4, abs=1e-6), key
+
+
+def test_tepo_recipe_fires_its_kl_mask(tmp_path: Path) -> None:
+    cfg = load_config(recipe_path("tepo"), [f"output_dir={tmp_path}", "model.name_or_path=tiny", "train.max_steps=3",
+                                            "eval.before_after=false", "rollout.prompts_per_step=8"])
+    Trainer(cfg).run()
+    assert all(r["loss/kl/mask_frac"] > 0 for r in read_metrics(tmp_path))
+
+
 def test_overlong_penalty_values() -> None:
     from pivotrl.train.trainer import overlong_penalty
 
@@ -89,7 +134,7 @@ def test_overlong_penalty_values() -> None:
     ("algorithm.estimator=erpoo", "algorithm.estimator"), ("algorithm.policy_loss=ppo2", "algorithm.policy_loss"),
     ("algorithm.estimator_kwargs={gama: 1}", "algorithm.estimator_kwargs"),
     ("algorithm.loss_kwargs={eps: 1}", "algorithm.loss_kwargs"), ("rollout.top_p=3", "rollout.top_p"),
-    ("train.num_minibatches=3", "train.num_minibatches"), ("algorithm.loss_agg_mode=mean", "algorithm.loss_agg_mode"),
+    ("algorithm.policy_loss=tepo", "train.num_minibatches"), ("algorithm.loss_agg_mode=mean", "algorithm.loss_agg_mode"),
     ("model.ref_model=none", "model.ref_model"), ("train.lr=fast", "train.lr"),
 ])
 def test_config_errors_name_their_key(tmp_path: Path, override: str, key: str) -> None:

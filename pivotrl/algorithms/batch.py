@@ -7,8 +7,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from pivotrl.algorithms.stats import valid_lengths
-
 OPTIONAL_FIELDS = ("ref_logprobs", "entropies")
 
 
@@ -58,7 +56,7 @@ class TokenBatch:
     @property
     def lengths(self) -> Tensor:
         """(N,) int64: number of valid response tokens per response."""
-        return valid_lengths(self.response_mask)
+        return self.response_mask.sum(dim=1)
 
     def field(self, name: str, needed_by: str) -> Tensor:
         """The optional field `name` in compute dtype, zero on padding; ValueError if absent."""

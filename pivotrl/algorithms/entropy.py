@@ -8,14 +8,7 @@ from torch import Tensor
 from pivotrl.algorithms.baselines import grpo_sequence_advantage
 from pivotrl.algorithms.batch import TokenBatch
 from pivotrl.algorithms.registry import register_estimator
-from pivotrl.algorithms.stats import (
-    EPS_STD,
-    group_ids,
-    is_prefix_mask,
-    masked_quantile,
-    small_table_dtype,
-    valid_lengths,
-)
+from pivotrl.algorithms.stats import EPS_STD, group_ids, group_zscore, masked_quantile
 from pivotrl.algorithms.validate import check
 
 
@@ -24,13 +17,10 @@ def high_entropy(batch: TokenBatch, *, rho: float = 0.2, norm_by_std: bool = Tru
     """80/20 (2506.01939): GRPO advantage on tokens with H >= the batch's (1-rho) quantile, 0 elsewhere."""
     check(0.0 < rho <= 1.0, f"rho must be in (0, 1], got {rho}")
     mask = batch.response_mask
-    if batch.entropies is None:
-        raise ValueError("high_entropy needs TokenBatch.entropies, which is None")
-    entropy = batch.entropies.to(batch.compute_dtype)  # padding may hold anything: the mask decides
+    entropy = batch.field("entropies", "high_entropy")
     threshold = masked_quantile(entropy, mask, 1.0 - rho)
-    seq_adv = grpo_sequence_advantage(batch, norm_by_std).unsqueeze(1)
-    selected = torch.ge(entropy, threshold).logical_and_(mask)
-    return torch.where(selected, seq_adv, torch.zeros((), dtype=seq_adv.dtype, device=seq_adv.device))
+    seq_adv = grpo_sequence_advantage(batch, norm_by_std)
+    return torch.where(mask & (entropy >= threshold), seq_adv.unsqueeze(1), 0.0)
 
 
 @register_estimator("entropy_shaping", requires=("entropies",))
@@ -58,46 +48,22 @@ def gtpo(
     """
     mask = batch.response_mask
     rewards = batch.rewards.to(batch.compute_dtype)
+    entropy = batch.field("entropies", "gtpo")
     gid, num_groups = group_ids(batch.group_index)
-    lengths = valid_lengths(mask)
     positive = rewards >= theta_r
-    if batch.entropies is None:
-        raise ValueError("gtpo needs TokenBatch.entropies, which is None")
-    entropy = batch.entropies.to(rewards.dtype)
-    # weight: H on O+, 1/max(H, eps) on O-, 0 on padding (one (N,T) buffer: 1/max(inf, eps) = 0)
-    infinity = torch.full((), torch.inf, dtype=entropy.dtype, device=entropy.device)
-    weight = torch.where(mask, entropy, infinity).clamp_(min=EPS_STD).reciprocal_()
-    weight = torch.where(positive.unsqueeze(1), entropy, weight, out=weight)
-    weight = torch.where(mask, weight, torch.zeros((), dtype=weight.dtype, device=weight.device), out=weight)
-    # one row per (group, side): how many responses of that side are active at t (d_t or h_t), their weight sum
-    row = gid * 2 + (~positive).long()
-    cells, width = 2 * num_groups, mask.shape[1]
-    total = weight.new_zeros(cells, width).index_add_(0, row, weight)
-    if is_prefix_mask(mask):  # active at t <=> t < T_i: count the lengths instead of the tokens
-        ended = weight.new_zeros(cells, width + 1).index_put_((row, lengths), weight.new_ones(()), accumulate=True)
-        count = ended.cumsum_(dim=1)[:, :width].neg_().add_(torch.bincount(row, minlength=cells).to(weight.dtype).unsqueeze(1))
-    else:
-        count = weight.new_zeros(cells, width).index_add_(0, row, mask.to(weight.dtype))
-    # bonus = ±alpha2·share·count = ±alpha2·weight·count/total (sign: + on O+, - on O-)
-    has_total = total > 0
-    side = torch.tensor([1.0, -1.0], dtype=weight.dtype, device=weight.device).repeat(num_groups).unsqueeze(1)
-    per_weight = torch.where(has_total, alpha2 * count / torch.where(has_total, total, 1.0), 0.0).mul_(side)
-    bonus = weight.mul_(per_weight[row])
-    zero_total = ~has_total & (count > 0)
-    if bool(zero_total.any()):  # share 1/count: the bonus is alpha2 on every active token there
-        bonus.add_(torch.where(mask, (alpha2 * zero_total.to(bonus.dtype) * side)[row], 0.0))
-    # token reward = bonus + base (O+: alpha1·r, O-: -alpha1), z-scored over the group's valid tokens
-    base = torch.where(positive, alpha1 * rewards, -alpha1)
-    wide = small_table_dtype(bonus)
-    size = lengths.to(wide)
+    # one row per (group, side): side 0 is O+, side 1 is O-
+    side = gid * 2 + (~positive).long()
+    active = mask.to(rewards.dtype)
+    weight = torch.where(positive.unsqueeze(1), entropy, 1.0 / entropy.clamp(min=EPS_STD)) * active
 
-    def per_group(per_response: Tensor) -> Tensor:
-        return per_response.new_zeros(num_groups).index_add_(0, gid, per_response)[gid]
+    def per_side(x: Tensor) -> Tensor:
+        """Σ over the responses of each (group, side) at every position t, back on each response's row."""
+        return x.new_zeros(2 * num_groups, x.shape[1]).index_add_(0, side, x)[side]
 
-    group_size = per_group(size)
-    mean = per_group(bonus.sum(dim=1).to(wide) + base.to(wide) * size) / group_size.clamp(min=1)
-    centred = bonus.add_((base.to(wide) - mean).to(bonus.dtype).unsqueeze(1))
-    centred = torch.where(mask, centred, torch.zeros((), dtype=centred.dtype, device=centred.device), out=centred)
-    var = per_group(torch.linalg.vector_norm(centred, dim=1).to(wide).square_()) / (group_size - 1).clamp(min=1)
-    scale = torch.where(group_size >= 2, 1.0 / (var.sqrt() + EPS_STD), 0.0)
-    return centred.mul_(scale.to(centred.dtype).unsqueeze(1))
+    still_active = per_side(active)  # d_t on O+, h_t on O-
+    weight_total = per_side(weight)  # Σ_{O+ at t} H, or Σ_{O- at t} 1/H
+    share = torch.where(weight_total > 0, weight / torch.where(weight_total > 0, weight_total, 1.0),
+                        1.0 / still_active.clamp(min=1))
+    bonus = alpha2 * share * still_active
+    token_reward = torch.where(positive.unsqueeze(1), alpha1 * rewards.unsqueeze(1) + bonus, -alpha1 - bonus)
+    return group_zscore(token_reward, mask, gid, num_groups)

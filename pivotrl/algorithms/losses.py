@@ -16,6 +16,7 @@ from pivotrl.algorithms.registry import register_policy_loss
 from pivotrl.algorithms.validate import check
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
+LOG_RATIO_BOUND = 20.0  # |log ρ| is clamped to this before exp, as verl does
 MPO_MODES = ("sliding", "disjoint")
 
 
@@ -46,11 +47,12 @@ def clipped_surrogate(
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO clip per token (N,T): −min(ρA, clip(ρ, 1−eps_low, 1+eps_high)·A), ρ = exp(log_ratio).
 
-    With dual_clip = c (> 1), tokens with A < 0 take min(L, −c·A).
+    log_ratio is clamped to ±LOG_RATIO_BOUND first, so an overflow never turns a zero
+    advantage into NaN. With dual_clip = c (> 1), tokens with A < 0 take min(L, −c·A).
     """
     check(eps_low >= 0 and eps_high >= 0, f"eps_low and eps_high must be >= 0, got {eps_low}, {eps_high}")
     check(dual_clip is None or dual_clip > 1.0, f"dual_clip must be > 1 (or None), got {dual_clip}")
-    ratio = torch.exp(masked(log_ratio, mask))
+    ratio = torch.exp(masked(log_ratio, mask).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     loss = torch.maximum(unclipped, clipped)
@@ -189,7 +191,8 @@ def block_log_ratio(
     """
     check(isinstance(block_size, int) and block_size >= 1, f"block_size must be an int >= 1, got {block_size!r}")
     check(mode in MPO_MODES, f"mode must be one of {MPO_MODES}, got {mode!r}")
-    check(future_share is None or 0.0 <= future_share <= 1.0, f"future_share must be in [0, 1], got {future_share}")
+    # p = 1 would give the block's own token weight 0: the last token's ratio would be frozen at 1
+    check(future_share is None or 0.0 <= future_share < 1.0, f"future_share must be in [0, 1), got {future_share}")
     k = block_size
     if exact:
         beta = [1.0] * k

@@ -72,10 +72,15 @@ def _lookup(kind: str, registry: dict[str, Any], name: str) -> Any:
     return registry[name]
 
 
-def _bind(kind: str, name: str, fn: Callable[..., Any], hparams: dict[str, Any], skip: int) -> dict[str, Any]:
+def hyperparameters(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The keyword-only parameters of an estimator or policy loss (its hyperparameters) and their defaults."""
+    params = inspect.signature(fn).parameters.values()
+    return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def _bind(kind: str, name: str, fn: Callable[..., Any], hparams: dict[str, Any]) -> dict[str, Any]:
     """hparams with the function's defaults filled in; ValueError on an unknown name."""
-    params = list(inspect.signature(fn).parameters.values())[skip:]
-    known = {p.name: p.default for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD}
+    known = hyperparameters(fn)
     for key in hparams:
         if key not in known:
             near = difflib.get_close_matches(key, known, n=1)
@@ -99,7 +104,7 @@ def _requirements(kind: str, name: str, hparams: dict[str, Any]) -> frozenset[st
     fn = _lookup(kind, ESTIMATORS if kind == "estimator" else POLICY_LOSSES, name)
     req = _REQUIRES[(kind, name)]
     if callable(req):
-        req = req(_bind(kind, name, fn, hparams, skip=1 if kind == "estimator" else 4))
+        req = req(_bind(kind, name, fn, hparams))
     return frozenset(req)
 
 
@@ -121,7 +126,7 @@ def compute_advantages(name: str, batch: TokenBatch, **hparams: Any) -> Tensor:
     if not isinstance(batch, TokenBatch):
         raise ValueError(f"batch must be a TokenBatch, got {type(batch).__name__}")
     fn = _lookup("estimator", ESTIMATORS, name)
-    _bind("estimator", name, fn, hparams, skip=1)
+    _bind("estimator", name, fn, hparams)
     needed = estimator_requirements(name, **hparams)
     _check_present("estimator", name, needed, {f: getattr(batch, f) for f in needed})
     adv = fn(batch, **hparams)
@@ -162,7 +167,7 @@ def compute_policy_loss(
     if not isinstance(batch, TokenBatch):
         raise ValueError(f"batch must be a TokenBatch, got {type(batch).__name__}")
     fn = _lookup("policy loss", POLICY_LOSSES, name)
-    _bind("policy loss", name, fn, hparams, skip=4)
+    _bind("policy loss", name, fn, hparams)
     mode = loss_agg_mode if loss_agg_mode is not None else _DEFAULT_AGG[name]
     _check_token_tensor("advantages", advantages, batch)
     _check_token_tensor("logprobs", logprobs, batch)

@@ -434,7 +434,7 @@ def run_credit(model: torch.nn.Module, tokenizer: Any, engine: Any, task: Any, p
             "ref": ref_name if ref_model is not None else "the policy itself (ERPO's process term is 0)",
             "num_prompts": len(problems), "group_size": group_size, "seed": seed,
             "positions_per_decile": positions_per_decile, "ablations": ablations, "bootstrap": bootstrap,
-            "batch_rows": batch_rows, "split": "test"},
+            "batch_rows": batch_rows, "split": "test", "threads": torch.get_num_threads()},
         rng=np.random.default_rng(seed))
     clock["done"] = time.perf_counter()
     result["summary"].update({

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-__all__ = ["token_logprobs_and_entropy"]
+__all__ = ["token_logprobs", "token_logprobs_and_entropy"]
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -372,3 +372,23 @@ def token_logprobs_and_entropy(
             flat_hidden, weight, flat_labels, chunk_size, temperature
         )
     return logp.view(batch, steps), entropy.view(batch, steps)
+
+
+@torch.no_grad()
+def token_logprobs(
+    labels: Tensor, *, hidden: Tensor, weight: Tensor, chunk_size: int = 1024, temperature: float = 1.0
+) -> Tensor:
+    """Log-probs only (B, T) of ``labels`` under ``hidden @ weight.T / temperature``, without gradients.
+
+    For a frozen reference model: the same values as token_logprobs_and_entropy's first
+    output (to float rounding), skipping the entropy's extra pass over the vocabulary.
+    """
+    batch, steps = labels.shape
+    flat_hidden = hidden.reshape(batch * steps, hidden.shape[-1])
+    flat_labels = labels.reshape(-1, 1).long()
+    cdtype = _compute_dtype(hidden.dtype)
+    out = []
+    for start in range(0, batch * steps, chunk_size):
+        logits = torch.mm(flat_hidden[start : start + chunk_size], weight.t()).to(cdtype) / temperature
+        out.append(torch.log_softmax(logits, dim=-1).gather(1, flat_labels[start : start + chunk_size]).squeeze(1))
+    return torch.cat(out).view(batch, steps) if out else hidden.new_zeros(batch, steps, dtype=cdtype)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
 class Section(BaseModel):
@@ -58,8 +58,12 @@ class RolloutConfig(Section):
     """Sampling temperature (also applied to the log-probs the losses use)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass."""
-    decode_attention: str | None = "auto"
-    """hf engine: attention for one-token decode steps (auto: eager on CPU, the model's own elsewhere; null: the model's own)."""
+    max_logprob_diff: float | None = Field(0.02, ge=0)
+    """Sampler check: abort when rollout/logprob_diff (mean |ℓ^sampler − ℓ^old| over response tokens) stays above this (null: off; see docs/ALGORITHMS.md)."""
+    logprob_diff_patience: int = Field(3, ge=1)
+    """Sampler check: consecutive steps above rollout.max_logprob_diff before the run aborts."""
+    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)
+    """vllm engine: share of the GPU's memory vLLM may take for its weights and KV cache."""
     dynamic_sampling: bool = False
     """DAPO: drop groups whose rewards are all equal and sample more prompts to refill."""
     max_resample_rounds: int = Field(3, ge=0)
@@ -101,7 +105,7 @@ class TrainConfig(Section):
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each step's rollouts."""
     num_minibatches: int = Field(1, ge=1)
-    """Optimizer steps per epoch (the rollouts are split into this many minibatches)."""
+    """Optimizer steps per epoch: the rollouts are split into this many near-equal minibatches, every row in one."""
     micro_batch_size: int | None = Field(None, ge=1)
     """Responses per forward/backward (gradient accumulation); None: the whole minibatch."""
     max_grad_norm: float | None = 1.0
@@ -133,7 +137,9 @@ class EvalConfig(Section):
 
 class LogConfig(Section):
     progress: bool = True
-    """Show a progress bar with ETA and live reward."""
+    """Show progress: a live bar with ETA and reward on a terminal, plain lines otherwise (a log file)."""
+    print_every: int = Field(10, ge=1)
+    """When the output is not a terminal: print a plain progress line every N steps."""
     tensorboard: bool = False
     """Also log to TensorBoard (extra: tensorboard)."""
     wandb: bool = False
@@ -160,16 +166,6 @@ class RunConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-
-    @model_validator(mode="after")
-    def _minibatches_fit(self) -> RunConfig:
-        total = self.rollout.prompts_per_step * self.rollout.group_size
-        if total % self.train.num_minibatches:
-            raise ValueError(
-                f"train.num_minibatches={self.train.num_minibatches} must divide "
-                f"rollout.prompts_per_step * rollout.group_size = {total}"
-            )
-        return self
 
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from pivotrl.modeling.logprobs import token_logprobs_and_entropy
+from pivotrl.modeling.logprobs import token_logprobs, token_logprobs_and_entropy
 from pivotrl.modeling.policy import cache_kwarg, lm_parts, output_cache, positions_from_mask
 from pivotrl.rollout import Rollout
 
@@ -66,9 +66,12 @@ def _hidden_shared(
 
 def response_logprobs(
     model: torch.nn.Module, rollout: Rollout, rows: slice | Tensor | None = None, *,
-    temperature: float = 1.0, chunk_size: int = 1024, share_prompts: bool = True,
-) -> tuple[Tensor, Tensor]:
+    temperature: float = 1.0, chunk_size: int = 1024, share_prompts: bool = True, entropies: bool = True,
+) -> tuple[Tensor, Tensor | None]:
     """(log-probs, entropies), each (B,R), of the rollout's responses under `model`.
+
+    With entropies=False (a frozen reference model) the entropies are skipped and
+    returned as None, and no gradient flows.
 
     The LM head runs chunked over the response positions only. With `share_prompts`
     each group's prompt runs once and its KV cache serves the group's G responses
@@ -92,7 +95,9 @@ def response_logprobs(
         hidden = _hidden_full(body, rollout.prompt_ids[rows], attention, response_ids)
     else:
         hidden = _hidden_shared(body, rollout, rows, *shared, attention)
-    return token_logprobs_and_entropy(
-        response_ids, hidden=hidden, weight=head.weight, chunk_size=chunk_size,
-        temperature=temperature if temperature > 0 else 1.0,
-    )
+    temperature = temperature if temperature > 0 else 1.0
+    if not entropies:
+        return token_logprobs(response_ids, hidden=hidden, weight=head.weight, chunk_size=chunk_size,
+                              temperature=temperature), None
+    return token_logprobs_and_entropy(response_ids, hidden=hidden, weight=head.weight, chunk_size=chunk_size,
+                                      temperature=temperature)
