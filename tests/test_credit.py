@@ -21,8 +21,10 @@ from pivotrl.analysis.credit import (
     bootstrap_ci,
     centre_per_response,
     entropy_deciles,
+    estimator_metrics,
     run_credit,
     select_positions,
+    sign_agreement,
     spearman,
     top_mass_share,
     top_weights,
@@ -194,6 +196,16 @@ def test_grpo_has_no_within_response_correlation(decisive: dict[str, Any], decis
     assert math.isnan(spearman(centred, np.arange(15.0)))
 
 
+def test_sign_agreement_ignores_float_noise_around_zero() -> None:
+    star = np.array([0.5, -0.5, 0.25, -0.25])
+    a = np.array([1.0, -1.0, -1e-9, 1e-9])  # noise of the wrong sign on the last two
+    assert sign_agreement(a, star) == 0.5
+    assert sign_agreement(a, star, zero=1e-6) == 1.0  # the noise counts as 0, not as a wrong sign
+    metrics = estimator_metrics(a[None], star, np.full(4, 0.01), np.array([2, 2]))[0]
+    assert metrics[METRICS.index("sign_agreement")] == 1.0
+    assert math.isnan(sign_agreement(np.zeros(4), star))
+
+
 def test_top_weights_split_ties_and_mass_share() -> None:
     star = np.array([3.0, 2.0, 2.0, 2.0] + [0.0] * 16)  # top 10% of 20 = 2 tokens: the 3 and 1/3 of each 2
     w = top_weights(star)
@@ -278,7 +290,8 @@ def recompute(result: dict[str, Any], name: str) -> dict[str, float | None]:
                 mean = statistics.fmean(vals)
                 for j in idx:
                     out[j] = values[j] - mean
-    both = [j for j in range(len(pos)) if a[j] != 0 and star[j] != 0]
+    tol = 1e-6 * max(abs(v) for v in a)  # |A| at or below a millionth of the largest counts as 0
+    both = [j for j in range(len(pos)) if abs(a[j]) > tol and star[j] != 0]
     sig = [j for j in both if abs(star[j]) > 1.96 * pos[j]["se"]]
     order = sorted(range(len(pos)), key=lambda j: -abs(star[j]))
     m = 0.1 * len(pos)

@@ -257,9 +257,13 @@ def centre_per_response(x: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return out
 
 
-def sign_agreement(a: np.ndarray, star: np.ndarray) -> float:
-    """Share of tokens where sign(A) = sign(A*), among tokens where neither is 0; NaN if none."""
-    both = (a != 0) & (star != 0)
+#: |A| at most this share of the estimator's largest |A| counts as 0 (float noise around an exact 0).
+ZERO_TOLERANCE = 1e-6
+
+
+def sign_agreement(a: np.ndarray, star: np.ndarray, zero: float = 0.0) -> float:
+    """Share of tokens where sign(A) = sign(A*), among tokens where |A| > zero and A* != 0; NaN if none."""
+    both = (np.abs(a) > zero) & (star != 0)
     return float(np.mean(np.sign(a[both]) == np.sign(star[both]))) if both.any() else math.nan
 
 
@@ -296,8 +300,10 @@ def estimator_metrics(adv: np.ndarray, star: np.ndarray, se: np.ndarray, lengths
         a_c = centre_per_response(a, lengths)
         out[e, 0] = math.nan if np.all(a == a[0]) else correlation(average_ranks(a), star_ranks)
         out[e, 1] = spearman(a_c, star_c)
-        out[e, 2] = sign_agreement(a, star)
-        out[e, 3] = sign_agreement(a[significant], star[significant])
+        # float noise around an exact 0 (a z-score of values equal up to rounding) has no sign
+        zero = ZERO_TOLERANCE * float(np.abs(a).max())
+        out[e, 2] = sign_agreement(a, star, zero)
+        out[e, 3] = sign_agreement(a[significant], star[significant], zero)
         out[e, 4] = top_mass_share(a, weights)
     return out
 
