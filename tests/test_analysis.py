@@ -141,3 +141,29 @@ def test_paired_difference_interval() -> None:
     assert mean == pytest.approx(3 / 8)
     assert hi - mean == pytest.approx(1.96 * math.sqrt(15 / 56) / math.sqrt(8))
     assert mean - lo == pytest.approx(hi - mean) and len(d) == 8
+
+
+def test_report_table_has_the_tasks_counts_and_late_entropy(tmp_path: Path) -> None:
+    """Columns from the final evaluation's mean_<count> keys, and entropy over the last 10 steps."""
+    import json
+
+    from pivotrl.analysis.report import markdown_table, method_rows
+    from pivotrl.analysis.runs import read_run
+
+    runs = []
+    for seed, attempts in ((0, 2.0), (1, 3.0)):
+        folder = tmp_path / f"run{seed}"
+        (folder / "eval").mkdir(parents=True)
+        (folder / "config.yaml").write_text(f"algorithm: {{estimator: erpo}}\ntrain: {{seed: {seed}}}\n")
+        entropies = [1.0] * 5 + [0.2 + seed * 0.2] * 10  # only the last 10 steps count
+        (folder / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": i + 1, "entropy/mean": h}) + "\n" for i, h in enumerate(entropies)))
+        (folder / "eval" / "step-000015.json").write_text(json.dumps(
+            {"accuracy": 0.5, "mean_length": 80.0, "mean_attempts": attempts, "num_problems": 10,
+             "samples_per_problem": 1}))
+        runs.append(read_run(folder))
+    rows = method_rows({"erpo": runs})
+    assert rows[0]["task_stats"] == {"mean_attempts": 2.5}
+    assert rows[0]["entropy"] == pytest.approx(0.3)
+    table = markdown_table(rows)
+    assert "attempts per response" in table and "| 2.50 |" in table and "0.300" in table

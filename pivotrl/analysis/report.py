@@ -19,6 +19,8 @@ from pivotrl.analysis.runs import RunRecord  # noqa: E402
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
 
+ENTROPY_WINDOW = 10  # the table's entropy: mean over a run's last this many steps
+
 PLOTS = {
     "accuracy": ("held-out accuracy (pass@1)", "fraction of problems solved"),
     "entropy/mean": ("policy entropy", "mean token entropy (nats)"),
@@ -113,6 +115,10 @@ def method_rows(groups: dict[str, list[RunRecord]], baseline: str = "grpo") -> l
         row["before"] = _mean([r.summary.get("heldout_accuracy_before") for r in runs])
         row["mean_length"] = _mean([r.summary.get("mean_length_after", _last_eval(r, "mean_length")) for r in runs])
         row["trace_validity"] = _mean([_last_eval(r, "trace_validity_correct") for r in runs])
+        row["entropy"] = _mean([_mean(r.series("entropy/mean")[1][-ENTROPY_WINDOW:]) for r in runs])
+        stat_keys = sorted({k for r in runs for k in (r.evals[max(r.evals)] if r.evals else {})
+                            if k.startswith("mean_") and k != "mean_length"})
+        row["task_stats"] = {k: _mean([_last_eval(r, k) for r in runs]) for k in stat_keys}
         k_keys = sorted({k for r in runs for e in r.evals.values() for k in e if k.startswith("pass@")})
         row["pass@k"] = {k: _mean([_last_eval(r, k) for r in runs]) for k in k_keys}
         row["wall_time_s"] = _mean([r.summary.get("wall_time_s") for r in runs])
@@ -141,15 +147,18 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 def markdown_table(rows: list[dict[str, Any]], baseline: str = "grpo") -> str:
     """The comparison table as markdown."""
     k_keys = sorted({k for r in rows for k in r["pass@k"]})
+    stat_keys = sorted({k for r in rows for k in r["task_stats"]})
     head = ["method", "seeds", "held-out acc. before", "final held-out acc. (mean ± 95% CI)",
-            f"steps to {baseline}'s final acc.", "mean length (tokens)", "trace validity (correct)", *k_keys,
-            "wall time (s)"]
+            f"steps to {baseline}'s final acc.", "mean length (tokens)",
+            *[k.removeprefix("mean_").replace("_", " ") + " per response" for k in stat_keys],
+            "trace validity (correct)", f"entropy, last {ENTROPY_WINDOW} steps (nats)", *k_keys, "wall time (s)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         spread = f"± {_fmt(r['ci95'])}" if r["finals"] > 1 else f"(n={r['finals']}, no interval)"
         cells = [r["method"], str(r["seeds"]), _fmt(r["before"]), f"{_fmt(r['accuracy'])} {spread}",
                  _fmt(r["steps_to_baseline"], "d") if r["steps_to_baseline"] is not None else "not reached",
-                 _fmt(r["mean_length"], ".1f"), _fmt(r["trace_validity"]),
+                 _fmt(r["mean_length"], ".1f"), *[_fmt(r["task_stats"].get(k), ".2f") for k in stat_keys],
+                 _fmt(r["trace_validity"]), _fmt(r["entropy"]),
                  *[_fmt(r["pass@k"].get(k)) for k in k_keys], _fmt(r["wall_time_s"], ".0f")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
