@@ -79,7 +79,7 @@ def preflight(config: RunConfig) -> tuple[frozenset[str], frozenset[str]]:
         raise ConfigError(f"algorithm.loss_kwargs: {err}") from None
     if "entropies_new" in loss_needs and config.train.ppo_epochs * config.train.num_minibatches == 1:
         raise ConfigError(
-            f"{alg.policy_loss!r}'s KL mask fires where the current policy's entropy is below the rollout "
+            f"the {alg.policy_loss} loss's KL mask fires where the current policy's entropy is below the rollout "
             "policy's, and the two are equal on the only update of a rollout: set train.num_minibatches=2 "
             "(or train.ppo_epochs=2), or algorithm.loss_kwargs.beta_kl=0 to drop the masked KL"
         )
