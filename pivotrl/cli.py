@@ -7,6 +7,9 @@ from typing import Annotated
 
 import typer
 
+from pivotrl.cli_errors import fail, user_errors, warn
+from pivotrl.tasks.loaders import MAX_ROW_CHARS
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 
 
@@ -72,21 +75,19 @@ def train(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML recipe (default: configs/default.yaml)")] = None,
     output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="Run folder (overrides output_dir)")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint in the run folder")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Move a run already in the folder aside (to FOLDER.old-DATE-TIME) and start over")] = False,
 ) -> None:
     """Train a policy with RLVR; extra arguments are dotted overrides (train.max_steps=4)."""
-    from pivotrl.train.config import ConfigError, load_config
+    from pivotrl.train.config import load_config
     from pivotrl.train.recipes import default_config_path
     from pivotrl.train.trainer import Trainer, TrainingAborted
 
     overrides = list(ctx.args)
     if output_dir is not None:
         overrides.append(f"output_dir={output_dir}")
-    try:
+    with user_errors(TrainingAborted):
         cfg = load_config(config if config is not None else default_config_path(), overrides)
-        Trainer(cfg, resume=resume).run()
-    except (ConfigError, TrainingAborted) as err:
-        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
+        Trainer(cfg, resume=resume, overwrite=overwrite).run()
 
 
 @app.command("eval")
@@ -97,11 +98,12 @@ def eval_command(
     question_field: Annotated[str, typer.Option(help="Question field of --data")] = "question",
     answer_field: Annotated[str, typer.Option(help="Answer field of --data")] = "answer",
     verifier: Annotated[str, typer.Option(help="Verifier of --data (math, countdown, arithmetic)")] = "math",
-    num_problems: Annotated[int, typer.Option("--num-problems", "-n", help="First N held-out problems")] = 500,
-    k: Annotated[int, typer.Option("-k", help="Samples per problem")] = 1,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature")] = 1.0,
-    max_new_tokens: Annotated[int, typer.Option(help="Longest response")] = 34,
-    batch_size: Annotated[int, typer.Option(help="Responses generated at once")] = 256,
+    num_problems: Annotated[int, typer.Option("--num-problems", "-n", min=1, help="First N held-out problems")] = 500,
+    k: Annotated[int, typer.Option("-k", min=1, help="Samples per problem")] = 1,
+    temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature (0: greedy)")] = 1.0,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest response")] = 34,
+    batch_size: Annotated[int, typer.Option(min=1, help="Responses generated at once")] = 256,
+    max_chars: Annotated[int, typer.Option(min=1, help="Skip (and count) rows of --data longer than this many characters")] = MAX_ROW_CHARS,
     chat: Annotated[bool, typer.Option(help="Use the tokenizer's chat template")] = False,
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda")] = "auto",
@@ -109,28 +111,39 @@ def eval_command(
 ) -> None:
     """Evaluate a policy: pass@1 averaged over k samples, pass@k, maj@k, mean length."""
     import json
-
-    from pivotrl.evaluation import evaluate_policy
-    from pivotrl.modeling.policy import load_policy
-    from pivotrl.rollout import make_engine
-    from pivotrl.tasks import get_task
+    import time
 
     if (task is None) == (data is None):
-        typer.secho("error: give exactly one of --task NAME or --data FILE", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2)
-    try:
+        fail("give exactly one of --task NAME or --data FILE")
+    with user_errors():
+        from pivotrl.tasks import get_task
+        from pivotrl.train.run_folder import check_output_file
+
+        samples_path = output or Path("eval_samples.jsonl")
+        check_output_file(samples_path, "--output")
         the_task = get_task(task) if task is not None else get_task(
-            "file", path=str(data), question_field=question_field, answer_field=answer_field, verifier=verifier)
-        problems = the_task.problems("test")[:num_problems]
+            "file", path=str(data), question_field=question_field, answer_field=answer_field, verifier=verifier,
+            max_chars=max_chars)
+        every_problem = the_task.problems("test")
+        problems = every_problem[:num_problems]
+
+        from pivotrl.evaluation import evaluate_policy
+        from pivotrl.modeling.policy import load_policy
+        from pivotrl.rollout import make_engine
+
         policy, tokenizer = load_policy(model, device=device)
-    except (KeyError, ValueError, FileNotFoundError) as err:
-        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
-    engine = make_engine("hf", policy, tokenizer)
-    prompts = [the_task.format_prompt(p, tokenizer, chat=chat) for p in problems]
-    result = evaluate_policy(engine, the_task, problems, prompts=prompts, samples_per_problem=k,
-                             temperature=temperature, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                             seed=seed, samples_path=output or Path("eval_samples.jsonl"))
+        engine = make_engine("hf", policy, tokenizer)
+        prompts = [the_task.format_prompt(p, tokenizer, chat=chat) for p in problems]
+        started = time.perf_counter()
+
+        def progress(done: int, total: int) -> None:
+            if done < total:
+                typer.echo(f"evaluating: {done}/{total} problems, {time.perf_counter() - started:.0f} s", err=True)
+
+        result = evaluate_policy(engine, the_task, problems, prompts=prompts, samples_per_problem=k,
+                                 temperature=temperature, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                 seed=seed, samples_path=samples_path, progress=progress)
+    result["skipped_rows"] = every_problem.skipped
     typer.echo(json.dumps(result, indent=2))
 
 
@@ -146,15 +159,11 @@ def compare(
 ) -> None:
     """Train several methods with everything else equal, then write report.md and plots."""
     from pivotrl.analysis.compare import run_comparison
-    from pivotrl.train.config import ConfigError
     from pivotrl.train.trainer import TrainingAborted
 
-    try:
+    with user_errors(TrainingAborted):
         report = run_comparison(config, [m.strip() for m in methods.split(",") if m.strip()], seeds, output_dir,
-                                ablate=ablate, extra=list(ctx.args), jobs=jobs)
-    except (ConfigError, TrainingAborted, ValueError) as err:
-        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
+                                ablate=ablate, extra=list(ctx.args), jobs=jobs, warn=warn)
     typer.echo(f"report: {report}")
 
 
@@ -165,14 +174,14 @@ def report(
     baseline: Annotated[str, typer.Option(help="Method whose final accuracy the others race to")] = "grpo",
 ) -> None:
     """The plots and table of `compare` for existing run folders (from any machine or engine)."""
-    from pivotrl.analysis.report import write_report
+    from pivotrl.analysis.report import report_warnings, write_report
     from pivotrl.analysis.runs import read_run
 
-    try:
-        path = write_report([read_run(p) for p in run_dirs], output_dir, baseline=baseline, title="pivotrl report")
-    except ValueError as err:
-        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
+    with user_errors():
+        runs = [read_run(p) for p in run_dirs]
+        path = write_report(runs, output_dir, baseline=baseline, title="pivotrl report")
+    for message in report_warnings(runs):
+        warn(message)
     typer.echo(f"report: {path}")
 
 
@@ -198,7 +207,7 @@ def analyze(
     from pivotrl.rollout import make_engine
     from pivotrl.tasks import get_task
 
-    try:
+    with user_errors():
         the_task = get_task(task)
         problems = the_task.problems("test")[:num_problems]
         policy, tokenizer = load_policy(model)
@@ -207,10 +216,54 @@ def analyze(
                                 [the_task.format_prompt(p) for p in problems], output_dir, estimator=estimator,
                                 group_size=group_size, max_new_tokens=max_new_tokens, top_percent=top_percent,
                                 num_perturbations=perturbations, seed=seed, ref_model=ref_model)
-    except (KeyError, ValueError, FileNotFoundError) as err:
-        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
     typer.echo(json.dumps(result, indent=2))
+
+
+@app.command()
+def credit(
+    model: Annotated[str, typer.Option("--model", help="'tiny', a checkpoint folder or a hub id")] = "tiny",
+    ref: Annotated[str | None, typer.Option(help="Reference model for ℓ^ref (default: the policy itself)")] = None,
+    task: Annotated[str, typer.Option("--task", help="Task name")] = "countdown",
+    num_problems: Annotated[int, typer.Option("--num-problems", "-n", min=1, help="Held-out prompts sampled")] = 8,
+    group_size: Annotated[int, typer.Option("--group-size", "-g", min=1, help="Responses per prompt")] = 8,
+    k: Annotated[int, typer.Option("--continuations", "-k", min=2, help="Monte-Carlo continuations per prefix")] = 32,
+    positions: Annotated[int | None, typer.Option(min=1, help="Estimate A* at up to this many positions per entropy decile (default: every position)")] = None,
+    ablations: Annotated[bool, typer.Option("--ablations", help="Also score ERPO's ablations")] = False,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (the training temperature)")] = 1.0,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest response")] = 34,
+    batch_size: Annotated[int, typer.Option(min=1, help="Continuation rows per generate call")] = 4096,
+    bootstrap: Annotated[int, typer.Option(min=1, help="Bootstrap resamples for the 95% intervals")] = 1000,
+    html_estimators: Annotated[str, typer.Option(help="Comma-separated estimators shown in tokens.html")] = "grpo,erpo",
+    seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
+    threads: Annotated[int, typer.Option(min=1, help="torch threads")] = 1,
+    output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Where credit.json, report.md, plots, tokens.html go")] = Path("runs/credit"),
+) -> None:
+    """Token advantages of every estimator against Monte-Carlo ground truth A* = V(t+1) - V(t)."""
+    import torch
+
+    from pivotrl.analysis.credit import check_options, run_credit
+    from pivotrl.modeling.policy import frozen_copy, load_policy
+    from pivotrl.rollout import make_engine
+    from pivotrl.tasks import get_task
+
+    shown = tuple(e.strip() for e in html_estimators.split(",") if e.strip())
+    torch.set_num_threads(threads)
+    with user_errors():
+        check_options(group_size=group_size, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
+                      positions_per_decile=positions, ablations=ablations, batch_rows=batch_size,
+                      bootstrap=bootstrap, html_estimators=shown)
+        the_task = get_task(task)
+        problems = the_task.problems("test")[:num_problems]
+        policy, tokenizer = load_policy(model)
+        ref_model = frozen_copy(load_policy(ref)[0]) if ref else None
+        result = run_credit(policy, tokenizer, make_engine("hf", policy, tokenizer), the_task, problems,
+                            [the_task.format_prompt(p) for p in problems], output_dir, model_name=model,
+                            task_name=task, ref_model=ref_model, ref_name=ref, group_size=group_size, k=k,
+                            max_new_tokens=max_new_tokens, temperature=temperature, positions_per_decile=positions,
+                            ablations=ablations, seed=seed, batch_rows=batch_size, bootstrap=bootstrap,
+                            html_estimators=shown)
+    wall = result["summary"]["wall_time_s"]["total"]
+    typer.echo(f"credit: {result['summary']['positions']} positions in {wall:.0f} s; report: {output_dir / 'report.md'}")
 
 
 if __name__ == "__main__":

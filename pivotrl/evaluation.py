@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ def evaluate_policy(
     seed: int = 0,
     samples_path: str | Path | None = None,
     num_examples: int = 0,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Sample k completions per problem and score them; optionally write every sample as jsonl.
 
@@ -70,9 +72,14 @@ def evaluate_policy(
     ``mean_<name>`` for each of the task's :meth:`~pivotrl.tasks.Task.response_stats`
     (over all samples) and, with num_examples > 0, the first samples as
     {"prompt", "response", "score"}.
+    `progress(done, total)` is called after each batch with the number of problems scored.
     """
     if len(prompts) != len(problems):
         raise ValueError(f"{len(prompts)} prompts for {len(problems)} problems")
+    if samples_per_problem < 1:
+        raise ValueError(f"samples_per_problem must be >= 1, got {samples_per_problem}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
     k = samples_per_problem
     generator = torch.Generator().manual_seed(seed)
     per_batch = max(1, batch_size // k)
@@ -112,6 +119,8 @@ def evaluate_policy(
                         sink.write(json.dumps({"problem": start + j, "sample": g, "prompt": problem.prompt,
                                                "answer": problem.answer, "completion": t, "reward": s,
                                                "length": lens[j * k + g]}) + "\n")
+            if progress is not None:
+                progress(start + len(chunk), len(problems))
     finally:
         if sink is not None:
             sink.close()

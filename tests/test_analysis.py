@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+import torch
 from PIL import Image
 
 from pivotrl.analysis.compare import plan_runs, run_comparison
-from pivotrl.analysis.pivots import analyze_policy, flip_ratio_ci
+from pivotrl.analysis.pivots import analyze_policy, flip_ratio_ci, paired_difference_ci
 from pivotrl.analysis.report import mean_ci95, write_report
 from pivotrl.analysis.runs import read_run
 from pivotrl.modeling.policy import load_policy
@@ -121,3 +123,47 @@ def test_analyze_writes_html_whose_token_count_matches_the_samples(tmp_path: Pat
     with Image.open(tmp_path / "entropy.png") as img:
         img.verify()
     assert result["n_high"] == 10 and result["n_low"] == 10
+    # the control: the same positions with the sampled token kept
+    for side in ("high", "low"):
+        kept = result[f"flip_rate_{side}_kept"]
+        assert result[f"flips_{side}_kept"] == round(kept * 10)
+        assert result[f"attributable_{side}"] == pytest.approx(result[f"flip_rate_{side}"] - kept)
+        lo, hi = result[f"attributable_{side}_ci95"]
+        assert lo <= result[f"attributable_{side}"] <= hi
+    assert result["attributable_difference"] == pytest.approx(result["attributable_high"] - result["attributable_low"])
+
+
+def test_paired_difference_interval() -> None:
+    a = torch.tensor([1, 1, 0, 1, 0, 1, 1, 0])
+    b = torch.tensor([0, 1, 0, 0, 0, 1, 0, 0])
+    mean, lo, hi = paired_difference_ci(a, b)
+    d = [1, 0, 0, 1, 0, 0, 1, 0]  # mean 3/8, sample sd sqrt(15/56)
+    assert mean == pytest.approx(3 / 8)
+    assert hi - mean == pytest.approx(1.96 * math.sqrt(15 / 56) / math.sqrt(8))
+    assert mean - lo == pytest.approx(hi - mean) and len(d) == 8
+
+
+def test_report_table_has_the_tasks_counts_and_late_entropy(tmp_path: Path) -> None:
+    """Columns from the final evaluation's mean_<count> keys, and entropy over the last 10 steps."""
+    import json
+
+    from pivotrl.analysis.report import markdown_table, method_rows
+    from pivotrl.analysis.runs import read_run
+
+    runs = []
+    for seed, attempts in ((0, 2.0), (1, 3.0)):
+        folder = tmp_path / f"run{seed}"
+        (folder / "eval").mkdir(parents=True)
+        (folder / "config.yaml").write_text(f"algorithm: {{estimator: erpo}}\ntrain: {{seed: {seed}}}\n")
+        entropies = [1.0] * 5 + [0.2 + seed * 0.2] * 10  # only the last 10 steps count
+        (folder / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": i + 1, "entropy/mean": h}) + "\n" for i, h in enumerate(entropies)))
+        (folder / "eval" / "step-000015.json").write_text(json.dumps(
+            {"accuracy": 0.5, "mean_length": 80.0, "mean_attempts": attempts, "num_problems": 10,
+             "samples_per_problem": 1}))
+        runs.append(read_run(folder))
+    rows = method_rows({"erpo": runs})
+    assert rows[0]["task_stats"] == {"mean_attempts": 2.5}
+    assert rows[0]["entropy"] == pytest.approx(0.3)
+    table = markdown_table(rows)
+    assert "attempts per response" in table and "| 2.50 |" in table and "0.300" in table

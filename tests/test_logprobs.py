@@ -310,3 +310,17 @@ def test_property_random_shapes(
     for got, want in ((logp, ref_lp), (ent, ref_ent), (gh, rh), (gw, rw)):
         close(got, want)
     assert (ent >= -1e-12).all() and (logp <= 1e-12).all()
+
+
+def test_logprobs_only_equals_the_first_output_of_the_entropy_path() -> None:
+    from pivotrl.modeling.logprobs import token_logprobs
+
+    g = torch.Generator().manual_seed(11)
+    hidden = torch.randn(3, 7, 16, generator=g, dtype=torch.float64)
+    weight = torch.randn(50, 16, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, 50, (3, 7), generator=g)
+    for temperature in (1.0, 0.7):
+        expected, _ = token_logprobs_and_entropy(labels, hidden=hidden, weight=weight, chunk_size=5,
+                                                 temperature=temperature)
+        got = token_logprobs(labels, hidden=hidden, weight=weight, chunk_size=5, temperature=temperature)
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +54,17 @@ def plan_runs(methods: list[str], seeds: int, ablate: str | None = None) -> list
 
 def run_comparison(config: Path | None, methods: list[str], seeds: int, output_dir: Path, *,
                    ablate: str | None = None, extra: list[str] = (), jobs: int = 1,
-                   console: Console | None = None) -> Path:
+                   console: Console | None = None, warn: Callable[[str], None] | None = None) -> Path:
     """Train every (method, seed) not yet finished (resuming unfinished ones), then write the report.
 
     jobs > 1 trains that many runs side by side in separate processes (set train.num_threads
-    so that jobs x threads does not exceed the cores).
+    so that jobs x threads does not exceed the cores). `warn` receives what makes the
+    comparison meaningless or unfair (see report_warnings); by default it is printed.
     """
-    from pivotrl.analysis.report import write_report
+    from pivotrl.analysis.report import report_warnings, write_report
     from pivotrl.analysis.runs import read_run
     from pivotrl.train.config import load_config
+    from pivotrl.train.interrupts import TrainingInterrupted
     from pivotrl.train.recipes import default_config_path
 
     if jobs < 1:
@@ -83,31 +86,46 @@ def run_comparison(config: Path | None, methods: list[str], seeds: int, output_d
         counts = ", ".join(f"{label}: {n}" for label, n in updates.items())
         raise ValueError(f"methods must get the same number of optimizer updates per rollout "
                          f"(train.ppo_epochs x train.num_minibatches), got {counts}")
+    try:
+        _train_all(pending, jobs, console)
+    except (KeyboardInterrupt, TrainingInterrupted):
+        raise TrainingInterrupted("interrupted: rerun the same compare command to continue (finished runs are "
+                                  "kept; unfinished ones resume from their newest checkpoint)") from None
+    records = [read_run(run_dir, label=label) for label, run_dir in run_dirs]
+    notes = _notes(base, extra, ablate)
+    report = write_report(records, output_dir, title="pivotrl compare", notes=notes)
+    for message in report_warnings(records):
+        (warn or (lambda m: console.print(f"[yellow]warning:[/] {m}", soft_wrap=True)))(message)
+    return report
+
+
+def _train_all(pending: list[tuple[str, Any]], jobs: int, console: Console) -> None:
+    """Train the pending (message, config) runs, `jobs` at a time."""
     if jobs == 1:
         for message, cfg in pending:
             console.print(message)
             _train(cfg, console)
-    else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = []
-            for message, cfg in pending:
-                console.print(message)
-                futures.append(pool.submit(_train, cfg))
-            for future in futures:
-                future.result()  # re-raises a run's error here
-    records = [read_run(run_dir, label=label) for label, run_dir in run_dirs]
-    notes = _notes(base, extra, ablate)
-    return write_report(records, output_dir, title="pivotrl compare", notes=notes)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = []
+        for message, cfg in pending:
+            console.print(message)
+            futures.append(pool.submit(_train, cfg))
+        for future in futures:
+            future.result()  # re-raises a run's error here
 
 
 def _train(cfg: Any, console: Console | None = None) -> None:
-    """One run to its end, resuming from its newest checkpoint (top level, so a worker process can run it)."""
+    """One run to its end, resuming an unfinished one from its newest checkpoint (top level, so a
+    worker process can run it)."""
+    from pivotrl.train.run_folder import run_contents
     from pivotrl.train.trainer import Trainer
 
-    Trainer(cfg, resume=True, console=console or Console()).run()
+    resume = bool(run_contents(Path(cfg.output_dir)))
+    Trainer(cfg, resume=resume, console=console or Console()).run()
 
 
 def _notes(base: Path, extra: list[str], ablate: str | None) -> str:

@@ -3,11 +3,16 @@
 1. Sample G responses per problem; per-token entropies from one forward.
 2. Entropy histogram (PNG) and an HTML page colouring every sampled token by its
    entropy, and by its advantage under a chosen estimator next to GRPO's.
-3. Perturbation test: at tokens in the top-k% of entropy and at tokens in the
-   bottom-k%, replace the sampled token by another draw from the policy (the
-   original token excluded), regenerate the rest, and count how often the verdict
-   (right / wrong) flips. The ratio of the two flip rates, with a 95% interval,
-   says how much more a trajectory hinges on its high-entropy forks.
+3. Perturbation test with its control: at tokens in the top-k% of entropy and at
+   tokens in the bottom-k%, (a) replace the sampled token by another draw from the
+   policy (the original token excluded) and regenerate the rest, and (b) at the same
+   positions keep the sampled token and regenerate the rest. Each condition counts how
+   often the verdict (right / wrong) flips; (b) is the flip rate that regenerating alone
+   causes, so the rate attributable to the token is (a) - (b), with a paired 95% interval.
+   The difference of the attributable rates, high - low, says how much more a
+   trajectory hinges on its high-entropy forks. `pivotrl credit` measures the same
+   question without a forced token: the true advantage of every token against
+   Monte-Carlo ground truth.
 """
 
 from __future__ import annotations
@@ -43,6 +48,16 @@ def flip_ratio_ci(flips_high: int, n_high: int, flips_low: int, n_low: int) -> t
     return ratio, ratio * math.exp(-1.96 * se), ratio * math.exp(1.96 * se)
 
 
+def paired_difference_ci(a: Tensor, b: Tensor) -> tuple[float, float, float]:
+    """mean(a - b) of paired 0/1 outcomes and its 95% interval (normal, sd of the differences); NaN if empty."""
+    if a.numel() == 0:
+        return math.nan, math.nan, math.nan
+    d = a.double() - b.double()
+    mean = float(d.mean())
+    half = 1.96 * float(d.std()) / math.sqrt(d.numel()) if d.numel() > 1 else math.nan
+    return mean, mean - half, mean + half
+
+
 def _colour(value: float, scale: float, diverging: bool) -> str:
     """A CSS background: white to orange for entropy, blue-white-red for advantages."""
     x = max(-1.0, min(1.0, value / scale)) if scale > 0 else 0.0
@@ -51,11 +66,20 @@ def _colour(value: float, scale: float, diverging: bool) -> str:
     return f"rgba(220,50,50,{x:.2f})" if x >= 0 else f"rgba(40,90,220,{-x:.2f})"
 
 
-def token_html(pieces: list[str], values: list[float], scale: float, diverging: bool, label: str) -> str:
-    """One row of coloured token spans (class 'tok'), each with its value in data-v and a tooltip."""
+def _piece(p: str) -> str:
+    return html.escape(p) if p.strip() else "&middot;" if p == " " else html.escape(repr(p)[1:-1])
+
+
+def token_html(pieces: list[str], values: list[float | None], scale: float, diverging: bool, label: str) -> str:
+    """One row of coloured token spans (class 'tok'), each with its value in data-v and a tooltip.
+
+    A value of None (not measured) gets a grey outline, no colour and no data-v.
+    """
     spans = "".join(
-        f'<span class="tok" data-v="{v:.4f}" title="{label} {v:.3f}" style="background:{_colour(v, scale, diverging)}">'
-        f"{html.escape(p) if p.strip() else '&middot;' if p == ' ' else html.escape(repr(p)[1:-1])}</span>"
+        f'<span class="tok" title="{html.escape(label)}: not estimated" style="outline:1px dotted #aaa">{_piece(p)}</span>'
+        if v is None else
+        f'<span class="tok" data-v="{v:.4f}" title="{html.escape(label)} {v:.3f}" '
+        f'style="background:{_colour(v, scale, diverging)}">{_piece(p)}</span>'
         for p, v in zip(pieces, values, strict=True)
     )
     return f'<div class="row"><span class="lab">{html.escape(label)}</span>{spans}</div>'
@@ -113,23 +137,30 @@ def plot_entropy_histogram(entropies: Tensor, path: Path, threshold_high: float,
 
 @torch.no_grad()
 def perturb(engine: Any, model: torch.nn.Module, rollout: Rollout, positions: Tensor, task: Any, answers: list[Any],
-            verdicts: Tensor, *, max_new_tokens: int, temperature: float, generator: torch.Generator) -> Tensor:
-    """Flip indicator (K,) for each (row, t) in positions (K,2): another token at t, the rest regenerated."""
+            verdicts: Tensor, *, max_new_tokens: int, temperature: float, generator: torch.Generator,
+            keep_token: bool = False) -> Tensor:
+    """Flip indicator (K,) for each (row, t) in positions (K,2): another token at t, the rest regenerated.
+
+    keep_token=True is the control: the sampled token stays at t and only the rest is regenerated.
+    """
     if positions.numel() == 0:
         return torch.zeros(0, dtype=torch.bool)
     rows, ts = positions[:, 0], positions[:, 1]
     pad = engine.tokenizer.pad_token_id
     width = rollout.prompt_ids.shape[1]
-    body, head = lm_parts(model)
     ids = torch.cat([rollout.prompt_ids[rows], rollout.response_ids[rows]], dim=1)
     attention = torch.cat([rollout.prompt_mask[rows], rollout.response_mask[rows]], dim=1).long()
-    pos = positions_from_mask(attention)
-    hidden = body(input_ids=ids, attention_mask=attention, position_ids=pos).last_hidden_state
-    at = hidden[torch.arange(len(rows)), width - 1 + ts]
-    logits = head(at).float() / max(temperature, 1e-6)
     original = rollout.response_ids[rows, ts]
-    logits[torch.arange(len(rows)), original] = -math.inf
-    replacement = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(1)
+    if keep_token:
+        replacement = original
+    else:
+        body, head = lm_parts(model)
+        pos = positions_from_mask(attention)
+        hidden = body(input_ids=ids, attention_mask=attention, position_ids=pos).last_hidden_state
+        at = hidden[torch.arange(len(rows)), width - 1 + ts]
+        logits = head(at).float() / max(temperature, 1e-6)
+        logits[torch.arange(len(rows)), original] = -math.inf
+        replacement = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(1)
     # new prompt = prompt + response[:t] + replacement, left-padded again
     prefix_len = width + ts + 1
     longest = int(prefix_len.max())
@@ -187,15 +218,27 @@ def analyze_policy(model: torch.nn.Module, tokenizer: Any, engine: Any, task: An
                               "tokens": int(mask.sum()), "accuracy": float(verdicts.float().mean()),
                               "entropy_mean": float(valid.mean()), "top_percent": top_percent,
                               "threshold_high": high_t, "threshold_low": low_t, "html_responses": shown}
+    attributable = {}
     for name, select in (("high", mask & (entropies >= high_t)), ("low", mask & (entropies <= low_t))):
         candidates = select.nonzero()
         pick = torch.randperm(len(candidates), generator=generator)[:num_perturbations]
-        flips = perturb(engine, model, rollout, candidates[pick], task, answers, verdicts,
-                        max_new_tokens=max_new_tokens, temperature=temperature, generator=generator)
+        flips, kept = (perturb(engine, model, rollout, candidates[pick], task, answers, verdicts,
+                               max_new_tokens=max_new_tokens, temperature=temperature, generator=generator,
+                               keep_token=keep) for keep in (False, True))
         result[f"flips_{name}"] = int(flips.sum())
         result[f"n_{name}"] = int(flips.numel())
         result[f"flip_rate_{name}"] = float(flips.float().mean()) if flips.numel() else math.nan
+        result[f"flips_{name}_kept"] = int(kept.sum())
+        result[f"flip_rate_{name}_kept"] = float(kept.float().mean()) if kept.numel() else math.nan
+        diff, lo, hi = paired_difference_ci(flips, kept)
+        attributable[name] = (diff, (hi - lo) / (2 * 1.96))
+        result[f"attributable_{name}"] = diff
+        result[f"attributable_{name}_ci95"] = [lo, hi]
     ratio, lo, hi = flip_ratio_ci(result["flips_high"], result["n_high"], result["flips_low"], result["n_low"])
     result.update({"flip_ratio": ratio, "flip_ratio_ci95": [lo, hi]})
+    (a_high, se_high), (a_low, se_low) = attributable["high"], attributable["low"]
+    half = 1.96 * math.sqrt(se_high**2 + se_low**2)
+    result.update({"attributable_difference": a_high - a_low,
+                   "attributable_difference_ci95": [a_high - a_low - half, a_high - a_low + half]})
     (output_dir / "pivots.json").write_text(json.dumps(result, indent=2))
     return result

@@ -19,6 +19,8 @@ from pivotrl.analysis.runs import RunRecord  # noqa: E402
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
 
+ENTROPY_WINDOW = 10  # the table's entropy: mean over a run's last this many steps
+
 PLOTS = {
     "accuracy": ("held-out accuracy (pass@1)", "fraction of problems solved"),
     "entropy/mean": ("policy entropy", "mean token entropy (nats)"),
@@ -61,6 +63,15 @@ def _aligned(curves: list[tuple[list[int], list[float]]]) -> tuple[list[int], li
 
 def plot_metric(groups: dict[str, list[RunRecord]], key: str, path: Path) -> Path:
     """One PNG: the mean over seeds per method (line) and the min-max band over seeds."""
+    fig = metric_figure(groups, key)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def metric_figure(groups: dict[str, list[RunRecord]], key: str) -> plt.Figure:
+    """The figure of plot_metric. Every plotted quantity is >= 0, so the y axis never shows
+    negative values, and its ticks are the values themselves (no '+4.635' offset)."""
     title, ylabel = PLOTS[key]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     for method, runs in groups.items():
@@ -80,11 +91,13 @@ def plot_metric(groups: dict[str, list[RunRecord]], key: str, path: Path) -> Pat
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.lines:
+        ax.legend(fontsize=8)
+    ax.ticklabel_format(axis="y", useOffset=False)
+    bottom, top = ax.get_ylim()
+    ax.set_ylim(max(bottom, 0.0), top if top > max(bottom, 0.0) else 1.0)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def method_rows(groups: dict[str, list[RunRecord]], baseline: str = "grpo") -> list[dict[str, Any]]:
@@ -97,10 +110,15 @@ def method_rows(groups: dict[str, list[RunRecord]], baseline: str = "grpo") -> l
     for method, runs in groups.items():
         acc = [v for v in finals[method] if v is not None]
         mean, half = mean_ci95(acc)
-        row: dict[str, Any] = {"method": method, "seeds": len(runs), "accuracy": mean, "ci95": half}
+        row: dict[str, Any] = {"method": method, "seeds": len(runs), "accuracy": mean, "ci95": half,
+                               "finals": len(acc)}
         row["before"] = _mean([r.summary.get("heldout_accuracy_before") for r in runs])
         row["mean_length"] = _mean([r.summary.get("mean_length_after", _last_eval(r, "mean_length")) for r in runs])
         row["trace_validity"] = _mean([_last_eval(r, "trace_validity_correct") for r in runs])
+        row["entropy"] = _mean([_mean(r.series("entropy/mean")[1][-ENTROPY_WINDOW:]) for r in runs])
+        stat_keys = sorted({k for r in runs for k in (r.evals[max(r.evals)] if r.evals else {})
+                            if k.startswith("mean_") and k != "mean_length"})
+        row["task_stats"] = {k: _mean([_last_eval(r, k) for r in runs]) for k in stat_keys}
         k_keys = sorted({k for r in runs for e in r.evals.values() for k in e if k.startswith("pass@")})
         row["pass@k"] = {k: _mean([_last_eval(r, k) for r in runs]) for k in k_keys}
         row["wall_time_s"] = _mean([r.summary.get("wall_time_s") for r in runs])
@@ -129,17 +147,43 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 def markdown_table(rows: list[dict[str, Any]], baseline: str = "grpo") -> str:
     """The comparison table as markdown."""
     k_keys = sorted({k for r in rows for k in r["pass@k"]})
+    stat_keys = sorted({k for r in rows for k in r["task_stats"]})
     head = ["method", "seeds", "held-out acc. before", "final held-out acc. (mean ± 95% CI)",
-            f"steps to {baseline}'s final acc.", "mean length (tokens)", "trace validity (correct)", *k_keys,
-            "wall time (s)"]
+            f"steps to {baseline}'s final acc.", "mean length (tokens)",
+            *[k.removeprefix("mean_").replace("_", " ") + " per response" for k in stat_keys],
+            "trace validity (correct)", f"entropy, last {ENTROPY_WINDOW} steps (nats)", *k_keys, "wall time (s)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["method"], str(r["seeds"]), _fmt(r["before"]), f"{_fmt(r['accuracy'])} ± {_fmt(r['ci95'])}",
+        spread = f"± {_fmt(r['ci95'])}" if r["finals"] > 1 else f"(n={r['finals']}, no interval)"
+        cells = [r["method"], str(r["seeds"]), _fmt(r["before"]), f"{_fmt(r['accuracy'])} {spread}",
                  _fmt(r["steps_to_baseline"], "d") if r["steps_to_baseline"] is not None else "not reached",
-                 _fmt(r["mean_length"], ".1f"), _fmt(r["trace_validity"]),
+                 _fmt(r["mean_length"], ".1f"), *[_fmt(r["task_stats"].get(k), ".2f") for k in stat_keys],
+                 _fmt(r["trace_validity"]), _fmt(r["entropy"]),
                  *[_fmt(r["pass@k"].get(k)) for k in k_keys], _fmt(r["wall_time_s"], ".0f")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def eval_sizes(runs: list[RunRecord]) -> list[tuple[Any, Any]]:
+    """The distinct (problems, samples per problem) of the runs' evaluations."""
+    return sorted({(e.get("num_problems"), e.get("samples_per_problem")) for r in runs for e in r.evals.values()},
+                  key=str)
+
+
+def report_warnings(runs: list[RunRecord]) -> list[str]:
+    """What makes a comparison of these runs meaningless or unfair, one sentence each."""
+    warnings = []
+    sizes = eval_sizes(runs)
+    if len(sizes) > 1:
+        listed = "; ".join(f"{n} problems x {k} sample(s)" for n, k in sizes)
+        warnings.append(f"the runs were evaluated on different numbers of problems ({listed}): their accuracies "
+                        "are not comparable; evaluate every run on the same problems")
+    rewards = [v for r in runs for v in r.series("reward/mean")[1]]
+    if rewards and all(v == 0 for v in rewards):
+        warnings.append("every reward of every run is 0 (no sampled response was ever right): no method got a "
+                        "learning signal, so the comparison shows nothing; start from a policy that is sometimes "
+                        "right (e.g. model.name_or_path=tiny) or use an easier task")
+    return warnings
 
 
 def write_report(runs: list[RunRecord], output_dir: str | Path, *, baseline: str = "grpo",
@@ -152,9 +196,9 @@ def write_report(runs: list[RunRecord], output_dir: str | Path, *, baseline: str
     groups = by_method(runs)
     rows = method_rows(groups, baseline)
     plots = {key: plot_metric(groups, key, out / f"{key.split('/')[0].replace('@', '_')}.png") for key in PLOTS}
-    eval_sizes = sorted({(e.get("num_problems"), e.get("samples_per_problem")) for r in runs for e in r.evals.values()})
-    sizes = ", ".join(f"{n} problems x {k} sample(s)" for n, k in eval_sizes) or "no evaluations found"
-    text = [f"# {title}\n\n", notes + "\n\n" if notes else "", f"Held-out evaluation: {sizes}.\n\n",
+    sizes = ", ".join(f"{n} problems x {k} sample(s)" for n, k in eval_sizes(runs)) or "no evaluations found"
+    warnings = "".join(f"**Warning:** {w}.\n\n" for w in report_warnings(runs))
+    text = [f"# {title}\n\n", notes + "\n\n" if notes else "", f"Held-out evaluation: {sizes}.\n\n", warnings,
             "## Results\n\n", markdown_table(rows, baseline), "\n## Curves\n\n"]
     for key, path in plots.items():
         text.append(f"![{PLOTS[key][0]}]({path.name})\n\n")

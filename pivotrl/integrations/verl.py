@@ -18,8 +18,23 @@ own registries:
 - v1 trainers ``pivotrl_sync``, ``pivotrl_colocate_async``, ``pivotrl_separate_async``
   (``verl.trainer.ppo.v1.register_trainer``): verl's own trainers, except that the
   advantage step also fetches the rollout policy's entropies (``entropy``), ``old_log_probs``
-  and ``ref_log_prob`` and hands them to the pivotrl estimator, and that the reference
-  policy is built whenever the estimator needs it.
+  and ``ref_log_prob`` and hands them to the pivotrl estimator. verl keys behaviour on the
+  mode's name (``== "sync"``, ``trainer.v1.<mode>``), so they report verl's name
+  (``trainer_mode`` is ``sync`` for ``pivotrl_sync``).
+
+The reference policy stays verl's decision, made where verl makes it: verl builds one
+iff ``need_reference_policy(config)`` (``actor_rollout_ref.actor.use_kl_loss`` or
+``algorithm.use_kl_in_reward``), and asks that question three times before any step:
+``main_ppo`` validates the config with it before a trainer exists, the trainer's
+constructor stores it, and ``_setup()`` maps the worker roles with it
+(``ActorRolloutRef`` instead of ``ActorRollout``). A flag set on the trainer after its
+constructor reaches only the second. So pivotrl sets nothing: an estimator that reads
+ℓ^ref (ERPO, EP-GRPO) needs ``actor_rollout_ref.actor.use_kl_loss=True`` with
+``actor_rollout_ref.actor.kl_loss_coef=0.0`` (a reference policy, no KL term; the
+recipes in ``configs/verl`` set both), and the pivotrl trainers refuse to start without
+it (:func:`check_reference_policy`, called first in their constructor, before any worker),
+as they refuse an entropy estimator in rollout-correction bypass mode, where verl computes
+no entropies (:func:`check_entropy_source`).
 
 verl calls an estimator with rewards, mask, uid and config only. Estimators that need
 more (ERPO, EP-GRPO, the entropy baselines) read the token tensors from
@@ -36,13 +51,18 @@ set around verl's own advantage step. Configuration (all plain config keys):
   ``PIVOTRL_POLICY_LOSS_KWARGS``, because verl's actor config is a closed dataclass and
   rejects unknown keys (pass it to the workers with
   ``+ray_kwargs.ray_init.runtime_env.env_vars.PIVOTRL_POLICY_LOSS_KWARGS='{"block_size":5}'``).
+
+``PIVOTRL_VERL_PROBE=<file>`` (read by the trainer process) makes every advantage step of
+a pivotrl trainer append one JSON line to ``<file>``: the masked sums of the batch's
+``entropy``, ``old_log_probs`` and ``ref_log_prob`` as verl wrote them to the
+TransferQueue, and the same sums of the tensors each estimator call actually received
+(``scripts/verl_e2e_gpu.sh`` reads it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import inspect
 import json
 import logging
 import os
@@ -58,6 +78,7 @@ from pivotrl.algorithms import (
     TokenBatch,
     compute_advantages,
     estimator_requirements,
+    hyperparameters,
     loss_requirements,
 )
 
@@ -65,7 +86,10 @@ __all__ = [
     "ESTIMATOR_KWARGS_KEY",
     "LOSS_KWARGS_ENV",
     "PREFIX",
+    "PROBE_ENV",
     "TRAINER_MODES",
+    "check_entropy_source",
+    "check_reference_policy",
     "compute_advantage",
     "estimator_hparams",
     "estimator_name",
@@ -81,11 +105,16 @@ logger = logging.getLogger(__name__)
 PREFIX = "pivotrl_"
 ESTIMATOR_KWARGS_KEY = "pivotrl_kwargs"
 LOSS_KWARGS_ENV = "PIVOTRL_POLICY_LOSS_KWARGS"
+PROBE_ENV = "PIVOTRL_VERL_PROBE"
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 TOKEN_KEYS = ("response_mask", "old_log_probs", "ref_log_prob", "entropys")
 
 _TOKEN_INPUTS: contextvars.ContextVar[dict[str, Tensor] | None] = contextvars.ContextVar(
     "pivotrl_verl_token_inputs", default=None
+)
+# when set (by a probing trainer), every estimator call appends what it received
+_RECEIPTS: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar(
+    "pivotrl_verl_receipts", default=None
 )
 
 
@@ -136,7 +165,7 @@ def estimator_hparams(name: str, config: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ValueError(f"algorithm.{ESTIMATOR_KWARGS_KEY} must be a mapping, got {type(raw).__name__}")
     hp = dict(raw)
-    params = inspect.signature(ESTIMATORS[name]).parameters
+    params = hyperparameters(ESTIMATORS[name])
     if "norm_by_std" in params and "norm_by_std" not in hp:
         norm = _cfg_get(config, "norm_adv_by_std_in_grpo", None)
         if norm is not None:
@@ -219,11 +248,70 @@ def _token_fields(kwargs: dict[str, Any], response_mask: Tensor) -> dict[str, Te
     return fields
 
 
+_REFERENCE_POLICY_FIX = (
+    "set actor_rollout_ref.actor.use_kl_loss=True with actor_rollout_ref.actor.kl_loss_coef=0.0 "
+    "(verl then builds the reference policy and adds no KL term), or algorithm.use_kl_in_reward=True"
+)
+
 _HOW_TO_SUPPLY = (
     "verl does not pass token tensors to advantage estimators; use the pivotrl trainer "
     "(trainer.use_v1=True trainer.v1.trainer_mode=pivotrl_sync), or call "
     "pivotrl.integrations.verl.compute_advantage(data, ...) instead of verl's compute_advantage"
 )
+
+
+def _masked_sums(mask: Tensor, entropies: Tensor | None, ref: Tensor | None, old: Tensor | None) -> dict[str, Any]:
+    """What a probe records of a batch: its size and the masked sums of its token tensors (None if absent)."""
+
+    def total(x: Tensor | None) -> float | None:
+        return None if x is None else float(torch.where(mask, x.float(), 0.0).sum())
+
+    return {
+        "rows": int(mask.shape[0]),
+        "tokens": int(mask.sum()),
+        "entropy": total(entropies),
+        "ref_log_prob": total(ref),
+        "old_log_probs": total(old),
+    }
+
+
+def check_reference_policy(config: Any) -> None:
+    """Refuse a verl config whose pivotrl estimator reads ℓ^ref while verl builds no reference policy.
+
+    verl decides with ``need_reference_policy(config)`` (``actor_rollout_ref.actor.use_kl_loss``
+    or ``algorithm.use_kl_in_reward``) before validation and role mapping, so the config has
+    to say it; the pivotrl trainers call this first in their constructor.
+    """
+    from verl.trainer.ppo.utils import need_reference_policy
+
+    name = estimator_name(config.algorithm.adv_estimator)
+    if name is None:
+        return
+    needed = estimator_requirements(name, **estimator_hparams(name, config.algorithm))
+    if "ref_logprobs" in needed and not need_reference_policy(config):
+        raise ValueError(
+            f"algorithm.adv_estimator={PREFIX}{name} reads reference log-probs, but this config gives verl "
+            f"no reference policy (actor_rollout_ref.actor.use_kl_loss=False): {_REFERENCE_POLICY_FIX}"
+        )
+
+
+def check_entropy_source(config: Any) -> None:
+    """Refuse a verl config in which verl computes no entropies for a pivotrl estimator that reads them.
+
+    verl's ``_compute_old_log_prob`` writes the rollout policy's ``entropy`` when it recomputes
+    ℓ^old; in ``algorithm.rollout_correction.bypass_mode`` it copies the rollout's log-probs
+    instead and writes no entropies.
+    """
+    name = estimator_name(config.algorithm.adv_estimator)
+    if name is None:
+        return
+    needed = estimator_requirements(name, **estimator_hparams(name, config.algorithm))
+    correction = _cfg_get(config.algorithm, "rollout_correction", None)
+    if "entropies" in needed and correction is not None and _cfg_get(correction, "bypass_mode", False):
+        raise ValueError(
+            f"algorithm.adv_estimator={PREFIX}{name} reads the rollout policy's entropies, which verl does not "
+            "compute with algorithm.rollout_correction.bypass_mode=True: set it to False"
+        )
 
 
 # ----------------------------------------------------------------------------- estimators
@@ -252,11 +340,7 @@ def make_adv_estimator(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
         if missing:
             extra = ""
             if "ref_log_prob" in missing:
-                extra = (
-                    "; ref_log_prob exists only with a reference policy (the pivotrl trainers build one "
-                    "for such estimators; verl's own need actor_rollout_ref.actor.use_kl_loss=True, "
-                    "kl_loss_coef=0.0 for none of its KL)"
-                )
+                extra = f"; ref_log_prob exists only with a reference policy: {_REFERENCE_POLICY_FIX}"
             raise ValueError(f"{PREFIX}{name} needs {', '.join(missing)}: {_HOW_TO_SUPPLY}{extra}")
         mask = response_mask.bool()
         rewards = token_level_rewards.sum(dim=-1).float()
@@ -269,6 +353,9 @@ def make_adv_estimator(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
             ref_logprobs=fields["ref_log_prob"].float() if "ref_logprobs" in needed else None,
             entropies=fields["entropys"].float() if "entropies" in needed else None,
         )
+        receipts = _RECEIPTS.get()
+        if receipts is not None:
+            receipts.append(_masked_sums(mask, batch.entropies, batch.ref_logprobs, old))
         adv = compute_advantages(name, batch, **hp).to(token_level_rewards.dtype)
         return adv, adv
 
@@ -305,7 +392,7 @@ def policy_loss_hparams(name: str, config: Any = None) -> dict[str, Any]:
     The KL term is verl's (``actor.use_kl_loss``): ``beta_kl`` is 0 here, including for tepo, whose
     masked KL needs entropies and reference log-probs that verl's loss interface does not pass.
     """
-    params = list(inspect.signature(POLICY_LOSSES[name]).parameters)[4:]
+    params = list(hyperparameters(POLICY_LOSSES[name]))
     hp: dict[str, Any] = {}
     if config is not None:
         clip = _cfg_get(config, "clip_ratio", None)
@@ -398,20 +485,36 @@ def make_policy_loss(name: str) -> Callable[..., tuple[Tensor, dict[str, Any]]]:
 class PivotAdvantageMixin:
     """Mixed into verl's v1 PPO trainers: feeds pivotrl estimators their token tensors.
 
-    ``_compute_advantage`` fetches ``entropy`` (written by verl's ``_compute_old_log_prob``),
-    ``old_log_probs`` and ``ref_log_prob`` from the TransferQueue when the configured
-    ``pivotrl_*`` estimator needs them and runs verl's own advantage step inside
-    :func:`token_inputs`; ``__init__`` turns on the reference policy when the estimator needs it.
+    ``__init__`` first refuses a config in which the estimator would get no ℓ^ref
+    (:func:`check_reference_policy`) or no entropies (:func:`check_entropy_source`),
+    then is verl's. ``_compute_advantage`` fetches
+    ``entropy`` (written by verl's ``_compute_old_log_prob``), ``old_log_probs`` and
+    ``ref_log_prob`` from the TransferQueue when the configured ``pivotrl_*`` estimator
+    needs them and runs verl's own advantage step inside :func:`token_inputs`.
     """
 
     config: Any
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        needed = self._pivotrl_needed()
-        if "ref_logprobs" in needed and not getattr(self, "use_reference_policy", False):
-            logger.info("pivotrl: %s needs reference log-probs; building the reference policy", self._pivotrl_name())
-            self.use_reference_policy = True
+    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        check_reference_policy(config)
+        check_entropy_source(config)
+        super().__init__(config, *args, **kwargs)
+
+    @property
+    def trainer_mode(self) -> str:
+        """verl's name of this mode: ``sync`` for ``pivotrl_sync``, and so on.
+
+        verl's base trainer stores ``trainer.v1.trainer_mode`` here and keys its behaviour
+        on it: ``== "sync"`` picks the synchronous replay buffer and data-loader batches,
+        and ``trainer.v1.<mode>`` holds the mode's settings (``parameter_sync_step``,
+        ``num_warmup_batches``). Under the registered name it would run ``pivotrl_sync``
+        as an unknown asynchronous mode without settings.
+        """
+        return self.__dict__["_verl_trainer_mode"]
+
+    @trainer_mode.setter
+    def trainer_mode(self, value: str) -> None:
+        self.__dict__["_verl_trainer_mode"] = value[len(PREFIX):] if value.startswith(PREFIX) else value
 
     def _pivotrl_name(self) -> str | None:
         return estimator_name(self.config.algorithm.adv_estimator)
@@ -434,9 +537,31 @@ class PivotAdvantageMixin:
         if "ref_logprobs" in needed:
             fields += ["old_log_probs", "ref_log_prob"]
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
-        padded = data.to_padded_tensor()
-        with token_inputs(**token_inputs_from_batch(padded)):
-            return super()._compute_advantage(batch, metrics)  # type: ignore[misc]
+        tensors = token_inputs_from_batch(data.to_padded_tensor())
+        probe = os.environ.get(PROBE_ENV)
+        receipts: list[dict[str, Any]] | None = [] if probe else None
+        reset = _RECEIPTS.set(receipts)
+        try:
+            with token_inputs(**tensors):
+                out = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
+        finally:
+            _RECEIPTS.reset(reset)
+        if probe:
+            self._write_probe(probe, tensors, receipts or [])
+        return out
+
+    def _write_probe(self, path: str, tensors: dict[str, Tensor], receipts: list[dict[str, Any]]) -> None:
+        """Append this advantage step's record to the ``PIVOTRL_VERL_PROBE`` file (one JSON line)."""
+        mask = tensors["response_mask"].bool()
+        record = {
+            "step": getattr(self, "global_steps", None),
+            "estimator": PREFIX + (self._pivotrl_name() or ""),
+            "use_reference_policy": bool(getattr(self, "use_reference_policy", False)),
+            "batch": _masked_sums(mask, tensors.get("entropys"), tensors.get("ref_log_prob"), tensors.get("old_log_probs")),
+            "received": receipts,
+        }
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
 
 
 _TRAINER_CLASSES: dict[str, type] = {}

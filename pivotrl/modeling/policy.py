@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,7 +40,8 @@ def load_policy(
     if name_or_path in TINY_MODELS:
         from pivotrl.modeling.tiny import load_tiny_policy, tiny_policy_path
 
-        model, tokenizer = load_tiny_policy(tiny_policy_path(name_or_path))
+        with quiet_loading():
+            model, tokenizer = load_tiny_policy(tiny_policy_path(name_or_path))
     elif name_or_path == "tiny-random":
         from pivotrl.modeling.tiny import build_tiny_model
         from pivotrl.modeling.tokenizer import build_char_tokenizer
@@ -43,11 +49,17 @@ def load_policy(
         tokenizer = build_char_tokenizer()
         model = build_tiny_model(tokenizer, seed=seed, **(arch or {}))
     else:
-        tokenizer = load_tokenizer(name_or_path)
+        options = model_source(name_or_path)
+        tokenizer = load_tokenizer(name_or_path, **options)
         try:
-            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
-        except OSError as err:
-            raise ValueError(f"model.name_or_path={name_or_path!r}: cannot load a causal LM ({err})") from err
+            with quiet_loading():
+                model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype], **options)
+        except (OSError, ValueError) as err:
+            raise ValueError(f"model {name_or_path!r}: cannot load a causal LM ({_first_line(err)})") from None
+    # The tokenizer warns once when a text is longer than its model_max_length ("will result in
+    # indexing errors"); rotary models (every model here) have no position table to index out of,
+    # and prompt length is bounded where it matters, by rollout.max_prompt_tokens.
+    getattr(tokenizer, "deprecation_warnings", {})["sequence-length-is-longer-than-the-specified-maximum"] = True
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -55,12 +67,77 @@ def load_policy(
     return model, tokenizer
 
 
-def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+def load_tokenizer(name_or_path: str, **options: Any) -> PreTrainedTokenizerBase:
     """The tokenizer of a local folder or hub id (fast tokenizer when one exists)."""
     try:
-        return AutoTokenizer.from_pretrained(name_or_path)
+        return AutoTokenizer.from_pretrained(name_or_path, **options)
     except (OSError, ValueError) as err:
-        raise ValueError(f"cannot load a tokenizer from {name_or_path!r} ({err})") from err
+        raise ValueError(f"model {name_or_path!r}: cannot load its tokenizer ({_first_line(err)})") from None
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
+
+
+def model_source(name_or_path: str) -> dict[str, Any]:
+    """Where a model comes from, checked before anything waits on the network.
+
+    An existing folder must hold config.json. Anything else must look like a hub id
+    ('name' or 'org/name') and be either in the local hub cache or on a reachable hub;
+    otherwise ValueError says which, at once. Returns extra from_pretrained options
+    ({'local_files_only': True} for a cached model while the hub is unreachable).
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model folder {name_or_path} has no config.json: not a saved model")
+        return {}
+    if path.exists():
+        raise ValueError(f"model {name_or_path} is a file; give a model folder (with config.json) or a hub id")
+    if not _HUB_ID.fullmatch(name_or_path) or ".." in name_or_path:
+        raise ValueError(f"model path {name_or_path} does not exist")
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = isinstance(try_to_load_from_cache(name_or_path, "config.json"), str)
+    if _hub_reachable():
+        return {}
+    if cached:
+        return {"local_files_only": True}
+    raise ValueError(f"model {name_or_path!r}: no such local folder, and not in the hub cache while the hub is "
+                     "unreachable (offline?); give a model folder")
+
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether a TCP connection to the hub opens within timeout_s (False when HF_HUB_OFFLINE is set)."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+@contextmanager
+def quiet_loading() -> Iterator[None]:
+    """Silence transformers' "Loading weights" progress bar for the block (its previous setting is restored)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
 
 
 def frozen_copy(model: PreTrainedModel) -> PreTrainedModel:

@@ -16,7 +16,10 @@ class Rollout:
     prompt_ids (B,P) left-padded with prompt_mask; response_ids (B,R) right-padded
     with pad after the end, response_mask (B,R) bool covering the sampled tokens
     including a final EOS; texts: the decoded responses, special tokens removed;
-    truncated (B,) bool: the response hit max_new_tokens without EOS.
+    truncated (B,) bool: the response hit max_new_tokens without EOS;
+    sampler_logprobs (B,R) float32, when the engine reports it: ℓ^sampler, the
+    log-probability of each drawn token under the distribution the sampler drew it from
+    (softmax(logits / T) on the top-p nucleus, renormalised; T <= 0 scores at T = 1), 0 on padding.
     """
 
     prompt_ids: Tensor
@@ -33,6 +36,26 @@ class Rollout:
         return torch.arange(groups).repeat_interleave(self.group_size)
 
     group_size: int = 1
+    sampler_logprobs: Tensor | None = None
+
+
+def tokenize_prompts(tokenizer: Any, prompts: list[str], max_prompt_tokens: int | None) -> list[list[int]]:
+    """Each prompt's token ids (special tokens added, truncated to max_prompt_tokens): what every engine feeds its model."""
+    enc = tokenizer(prompts, add_special_tokens=True, truncation=max_prompt_tokens is not None,
+                    max_length=max_prompt_tokens)
+    return [list(ids) for ids in enc["input_ids"]]
+
+
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Token-id lists as left-padded ids (B,P) int64 and their bool mask."""
+    width = max(1, max((len(r) for r in rows), default=0))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, r in enumerate(rows):  # once per prompt, off the hot path
+        if r:
+            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+            mask[i, width - len(r):] = True
+    return ids, mask
 
 
 class RolloutEngine(Protocol):
@@ -48,7 +71,7 @@ class RolloutEngine(Protocol):
         top_p: float = 1.0,
         generator: torch.Generator | None = None,
     ) -> Rollout:
-        """num_samples completions of every prompt, as a Rollout."""
+        """num_samples completions of every prompt, as a Rollout (with sampler_logprobs for the trainer's sampler check)."""
         ...
 
     def sync_weights(self) -> None:
@@ -69,7 +92,7 @@ def make_engine(name: str, model: Any, tokenizer: Any, **options: Any) -> Rollou
     raise ValueError(f"unknown rollout engine {name!r}; known: hf, vllm")
 
 
-def _pad_to(x: Tensor, width: int, value: int | bool, left: bool) -> Tensor:
+def _pad_to(x: Tensor, width: int, value: float | bool, left: bool) -> Tensor:
     extra = width - x.shape[1]
     if extra == 0:
         return x
@@ -80,9 +103,10 @@ def _pad_to(x: Tensor, width: int, value: int | bool, left: bool) -> Tensor:
 def select_rows(rollout: Rollout, rows: Tensor) -> Rollout:
     """The rollout restricted to `rows` (int64 indices; keep whole groups to keep group_size)."""
     idx = rows.tolist()
+    sampler = rollout.sampler_logprobs
     return Rollout(rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
                    rollout.response_mask[rows], [rollout.texts[i] for i in idx], rollout.truncated[rows],
-                   group_size=rollout.group_size)
+                   group_size=rollout.group_size, sampler_logprobs=None if sampler is None else sampler[rows])
 
 
 def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -91,6 +115,9 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         return parts[0]
     p_width = max(r.prompt_ids.shape[1] for r in parts)
     r_width = max(r.response_ids.shape[1] for r in parts)
+    sampler = None
+    if all(r.sampler_logprobs is not None for r in parts):
+        sampler = torch.cat([_pad_to(r.sampler_logprobs, r_width, 0.0, left=False) for r in parts])
     return Rollout(
         torch.cat([_pad_to(r.prompt_ids, p_width, pad_id, left=True) for r in parts]),
         torch.cat([_pad_to(r.prompt_mask, p_width, False, left=True) for r in parts]),
@@ -99,4 +126,5 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         [t for r in parts for t in r.texts],
         torch.cat([r.truncated for r in parts]),
         group_size=parts[0].group_size,
+        sampler_logprobs=sampler,
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -226,6 +227,53 @@ class Task:
 
 # -- registry ---------------------------------------------------------------
 
+
+def _keyword_options(factory: Callable[..., Task]) -> tuple[set[str], set[str]] | None:
+    """(accepted, required) keyword options of a factory, following ``**options`` up the
+    classes' ``__init__`` chain; None when the set cannot be known (a ``**`` that goes nowhere known).
+
+    Only the factory's own signature says what is required (a subclass may fill in its parents')."""
+    inits = [c.__init__ for c in factory.__mro__ if "__init__" in vars(c)] if isinstance(factory, type) else [factory]
+    accepted: set[str] = set()
+    required: set[str] = set()
+    for init in inits:
+        try:
+            params = list(inspect.signature(init).parameters.values())
+        except (TypeError, ValueError):
+            return None
+        open_ended = False
+        for p in params:
+            if p.name == "self" or p.kind is p.VAR_POSITIONAL:
+                continue
+            if p.kind is p.VAR_KEYWORD:
+                open_ended = True
+                continue
+            accepted.add(p.name)
+            if p.default is p.empty and init is inits[0]:
+                required.add(p.name)
+        if not open_ended:
+            return accepted, required
+        if init is object.__init__:
+            break
+    return None
+
+
+def _check_options(name: str, factory: Callable[..., Task], options: dict[str, Any]) -> None:
+    """ValueError naming the options a task does not take (e.g. left over from another task) or lacks."""
+    known = _keyword_options(factory)
+    if known is None:
+        return
+    accepted, required = known
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        listed = ", ".join(repr(k) for k in unknown)
+        raise ValueError(f"task {name!r} does not take the option(s) {listed} (left over from another task?); "
+                         f"its options: {', '.join(sorted(accepted))}")
+    missing = sorted(required - set(options))
+    if missing:
+        raise ValueError(f"task {name!r} needs the option(s) {', '.join(repr(k) for k in missing)}")
+
+
 #: Registered task names -> factory (a Task subclass or any callable returning a Task).
 TASKS: dict[str, Callable[..., Task]] = {}
 
@@ -252,6 +300,7 @@ def get_task(name: str, **options: Any) -> Task:
     except KeyError:
         known = ", ".join(sorted(TASKS))
         raise KeyError(f"unknown task {name!r}; known tasks: {known}") from None
+    _check_options(name, factory, options)
     task = factory(**options)
     task.name = name
     return task

@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -68,34 +69,59 @@ def benchmarks_dir() -> Path:
 # -- reading rows ------------------------------------------------------------
 
 
-def read_rows(path: str | os.PathLike[str]) -> tuple[list[Any], int]:
-    """The rows of a ``.jsonl``/``.json``/``.parquet`` file, and the count of unreadable lines.
+#: Longest row a file task reads, in characters (task option ``max_chars``). The longest
+#: row of the benchmark files is 11 195 characters (an AIME 2024 line with its solution);
+#: a row over the bound is skipped and counted before it is parsed or tokenised.
+MAX_ROW_CHARS = 100_000
 
-    A jsonl line that is not valid JSON counts as unreadable (it is skipped).
-    Parquet needs pyarrow (or pandas), imported only here.
+
+def read_rows(path: str | os.PathLike[str], *, max_chars: int | None = None) -> tuple[list[Any], Counter[str]]:
+    """The rows of a ``.jsonl``/``.json``/``.parquet`` file, and the count of lines skipped, by reason.
+
+    A jsonl line that is not valid JSON, or (with ``max_chars``) longer than ``max_chars``
+    characters, is skipped; an over-long line is never held in memory whole. Parquet needs
+    pyarrow (or pandas), imported only here. A file that is not UTF-8 text (or valid
+    parquet) raises ValueError naming it.
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no such file: {path}")
+        raise FileNotFoundError(f"no such file: {path}" if not path.exists() else f"{path} is not a file")
     suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
-    if suffix in (".parquet", ".pq"):
-        return _read_parquet(path), 0
-    if suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(data, dict):  # {"data": [...]} or {"rows": [...]}
-            data = next((v for v in data.values() if isinstance(v, list)), [data])
-        return list(data), 0
-    rows: list[Any] = []
-    bad = 0
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                bad += 1
-    return rows, bad
+    skipped: Counter[str] = Counter()
+    try:
+        if suffix in (".parquet", ".pq"):
+            return _read_parquet(path), skipped
+        if suffix == ".json":
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(data, dict):  # {"data": [...]} or {"rows": [...]}
+                data = next((v for v in data.values() if isinstance(v, list)), [data])
+            return list(data) if isinstance(data, list) else [data], skipped
+        rows: list[Any] = []
+        limit = max_chars + 1 if max_chars is not None else -1
+        with path.open(encoding="utf-8") as f:
+            while line := f.readline(limit):
+                if max_chars is not None and len(line.rstrip("\n")) > max_chars:
+                    while line and not line.endswith("\n"):  # drop the rest of it, a bounded chunk at a time
+                        line = f.readline(limit)
+                    skipped[f"longer than {max_chars} characters"] += 1
+                    continue
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    skipped["not valid JSON"] += 1
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text (byte {err.start}); expected jsonl, json or parquet") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+    except ImportError:
+        raise
+    except Exception as err:  # noqa: BLE001 - pyarrow/pandas raise their own types for a damaged parquet file
+        if suffix not in (".parquet", ".pq"):
+            raise
+        raise ValueError(f"{path}: not a readable parquet file ({type(err).__name__}: {err})") from None
+    return rows, skipped
 
 
 def _read_parquet(path: Path) -> list[dict[str, Any]]:
@@ -157,21 +183,36 @@ def rows_to_problems(
     answer_field: str,
     answer_transform: Callable[[str], str | None] | None = None,
     source: str,
-    unreadable: int = 0,
+    unreadable: int | Mapping[str, int] = 0,
     keep_fields: Iterable[str] = (),
+    max_chars: int | None = None,
 ) -> ProblemList:
-    """Problems from rows; rows with a missing/empty question or answer are skipped and counted."""
+    """Problems from rows; rows with a missing/empty question or answer, or (with ``max_chars``) a
+    question plus answer longer than ``max_chars`` characters, are skipped and counted.
+
+    ``unreadable`` counts rows the reader already dropped: a number, or counts by reason.
+    """
     problems: list[Problem] = []
-    skipped = unreadable
+    skipped: Counter[str] = Counter(unreadable) if isinstance(unreadable, Mapping) else Counter(
+        {"unreadable": unreadable} if unreadable else {})
     keep = tuple(keep_fields)
+    seen_fields: set[str] = set()
+    total = 0
     for index, row in enumerate(rows):
+        total += 1
+        if isinstance(row, Mapping) and len(seen_fields) < 50:
+            seen_fields.update(str(k) for k in row)
         question = _field(row, question_field)
         question = question.strip() if isinstance(question, str) else None
-        answer = answer_text(_field(row, answer_field))
+        raw_answer = _field(row, answer_field)
+        if max_chars is not None and len(question or "") + len(str(raw_answer or "")) > max_chars:
+            skipped[f"longer than {max_chars} characters"] += 1
+            continue
+        answer = answer_text(raw_answer)
         if answer is not None and answer_transform is not None:
             answer = answer_transform(answer)
         if not question or not answer:
-            skipped += 1
+            skipped[f"missing or empty {question_field!r}/{answer_field!r}"] += 1
             continue
         meta: dict[str, Any] = {"index": index, "source": source}
         for name in keep:
@@ -179,20 +220,19 @@ def rows_to_problems(
             if value is not None:
                 meta[name] = value
         problems.append(Problem(prompt=question, answer=answer, meta=meta))
-    if skipped:
-        logger.warning(
-            "%s: skipped %d unusable row(s) (missing or empty %r/%r)",
-            source,
-            skipped,
-            question_field,
-            answer_field,
-        )
+    count = sum(skipped.values())
+    why = ", ".join(f"{n} {reason}" for reason, n in skipped.items())
+    if count and problems:
+        logger.warning("%s: skipped %d row(s): %s", source, count, why)
     if not problems:
+        if total == 0 and not count:
+            raise ValueError(f"{source}: no usable rows: the file is empty")
+        fields = f"; its rows have the fields {', '.join(sorted(seen_fields))}" if seen_fields else ""
         raise ValueError(
             f"{source}: no usable rows (need a non-empty {question_field!r} and {answer_field!r}; "
-            f"{skipped} row(s) skipped)"
+            f"skipped {count}: {why}){fields}"
         )
-    return ProblemList(problems, source=source, skipped=skipped)
+    return ProblemList(problems, source=source, skipped=count)
 
 
 # -- verifiers by name ---------------------------------------------------------
@@ -231,7 +271,9 @@ class FileTask(Task):
     (dotted names reach into nested fields), ``answer_after`` (keep only the
     text after this marker, e.g. ``"####"`` for GSM8K-style solutions),
     ``verifier`` (``"math"`` by default; see :func:`resolve_verifier`),
-    ``limit`` (keep at most this many problems).
+    ``limit`` (keep at most this many problems), ``max_chars`` (skip and count rows
+    longer than this many characters, checked before parsing or tokenising; default
+    :data:`MAX_ROW_CHARS`; None: no bound).
     """
 
     name = "file"
@@ -248,9 +290,13 @@ class FileTask(Task):
         verifier: str | Verifier = "math",
         limit: int | None = None,
         keep_fields: Iterable[str] = (),
+        max_chars: int | None = MAX_ROW_CHARS,
         **task_options: Any,
     ):
         super().__init__(verifier=resolve_verifier(verifier), **task_options)
+        if max_chars is not None and (not isinstance(max_chars, int) or max_chars < 1):
+            raise ValueError(f"max_chars must be a positive number of characters or None, got {max_chars!r}")
+        self.max_chars = max_chars
         if isinstance(path, Mapping):
             from pivotrl.tasks.base import normalize_split
 
@@ -281,7 +327,7 @@ class FileTask(Task):
                 f"task {self.name!r} has no {split!r} split (it has {sorted(self.paths)})"
             )
         path = self.paths[split]
-        rows, unreadable = read_rows(path)
+        rows, unreadable = read_rows(path, max_chars=self.max_chars)
         problems = rows_to_problems(
             rows,
             question_field=self.question_field,
@@ -290,6 +336,7 @@ class FileTask(Task):
             source=str(path),
             unreadable=unreadable,
             keep_fields=self.keep_fields,
+            max_chars=self.max_chars,
         )
         if self.limit is not None:
             problems = ProblemList(
@@ -440,4 +487,5 @@ class HubTask(FileTask):
             answer_transform=self._transform(),
             source=f"hub:{self.dataset}[{name}]",
             keep_fields=self.keep_fields,
+            max_chars=self.max_chars,
         )

@@ -58,8 +58,12 @@ class RolloutConfig(Section):
     """Sampling temperature (also applied to the log-probs the losses use)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass."""
-    decode_attention: str | None = "auto"
-    """hf engine: attention for one-token decode steps (auto: eager on CPU, the model's own elsewhere; null: the model's own)."""
+    max_logprob_diff: float | None = Field(0.02, ge=0)
+    """Sampler check: abort when rollout/logprob_diff (mean |ℓ^sampler − ℓ^old| over response tokens) stays above this (null: off; see docs/ALGORITHMS.md)."""
+    logprob_diff_patience: int = Field(3, ge=1)
+    """Sampler check: consecutive steps above rollout.max_logprob_diff before the run aborts."""
+    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)
+    """vllm engine: share of the GPU's memory vLLM may take for its weights and KV cache."""
     dynamic_sampling: bool = False
     """DAPO: drop groups whose rewards are all equal and sample more prompts to refill."""
     max_resample_rounds: int = Field(3, ge=0)
@@ -133,7 +137,9 @@ class EvalConfig(Section):
 
 class LogConfig(Section):
     progress: bool = True
-    """Show a progress bar with ETA and live reward."""
+    """Show progress: a live bar with ETA and reward on a terminal, plain lines otherwise (a log file)."""
+    print_every: int = Field(10, ge=1)
+    """When the output is not a terminal: print a plain progress line every N steps."""
     tensorboard: bool = False
     """Also log to TensorBoard (extra: tensorboard)."""
     wandb: bool = False

@@ -51,13 +51,13 @@ from pivotrl.rewards.safe import safe_score
 from pivotrl.rollout import Rollout, concat_rollouts, make_engine, select_rows
 from pivotrl.tasks import get_task
 from pivotrl.train import checkpoint as ckpt
+from pivotrl.train import run_folder
 from pivotrl.train.config import ConfigError, RunConfig, dump_config
+from pivotrl.train.errors import TrainingAborted
 from pivotrl.train.forward import response_logprobs
+from pivotrl.train.interrupts import TrainingInterrupted, sigint_stops_after_step
 from pivotrl.train.loggers import MetricsLogger, truncate_metrics
-
-
-class TrainingAborted(RuntimeError):
-    """The run stopped on purpose (e.g. repeated NaN losses); the last checkpoint is intact."""
+from pivotrl.train.sampler_check import SamplerCheck, logprob_diff
 
 
 def preflight(config: RunConfig) -> tuple[frozenset[str], frozenset[str]]:
@@ -79,7 +79,7 @@ def preflight(config: RunConfig) -> tuple[frozenset[str], frozenset[str]]:
         raise ConfigError(f"algorithm.loss_kwargs: {err}") from None
     if "entropies_new" in loss_needs and config.train.ppo_epochs * config.train.num_minibatches == 1:
         raise ConfigError(
-            f"{alg.policy_loss!r}'s KL mask fires where the current policy's entropy is below the rollout "
+            f"the {alg.policy_loss} loss's KL mask fires where the current policy's entropy is below the rollout "
             "policy's, and the two are equal on the only update of a rollout: set train.num_minibatches=2 "
             "(or train.ppo_epochs=2), or algorithm.loss_kwargs.beta_kl=0 to drop the masked KL"
         )
@@ -111,14 +111,63 @@ def _mean_metrics(items: list[dict[str, float]]) -> dict[str, float]:
     return {k: sum(m[k] for m in items if k in m) / sum(1 for m in items if k in m) for k in keys}
 
 
+def _clock(seconds: float) -> str:
+    """'0:03:07'."""
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def check_group_size(config: RunConfig) -> str | None:
+    """For rollout.group_size=1: ConfigError where nothing could be learned, else a warning to print.
+
+    A group of one response has mean 0 and std 1 (docs/ALGORITHMS.md, as verl does), so the
+    shipped estimators still give it an advantage (GRPO: the raw reward, i.e. REINFORCE without
+    a baseline): legal, but not the group comparison these methods are built on; warn. An
+    estimator that gives every one-response group a zero advantage would make the loss and its
+    gradient 0 at every step; whether it does is measured, not listed (on four one-response
+    groups with mixed rewards), and is refused. Dynamic sampling drops every one-response group
+    (its rewards are always all equal): refused too.
+    """
+    r, alg = config.rollout, config.algorithm
+    if r.group_size > 1:
+        return None
+    if r.dynamic_sampling:
+        raise ConfigError("rollout.group_size=1 with rollout.dynamic_sampling=true: a one-response group never has "
+                          "mixed rewards, so every group would be dropped; use rollout.group_size >= 2")
+    n, t = 4, 3
+    probe = TokenBatch(rewards=torch.tensor([1.0, 0.0, 1.0, 0.5]), group_index=torch.arange(n),
+                       response_mask=torch.ones(n, t, dtype=torch.bool),
+                       old_logprobs=-torch.linspace(0.1, 2.0, n * t).view(n, t),
+                       ref_logprobs=-torch.linspace(0.3, 1.5, n * t).view(n, t),
+                       entropies=torch.tensor([[0.1, 2.0, 0.4], [1.5, 0.2, 2.5], [0.7, 3.0, 0.05], [1.1, 0.9, 2.2]]))
+    if bool((compute_advantages(alg.estimator, probe, **alg.estimator_kwargs) == 0).all()):
+        raise ConfigError(
+            f"rollout.group_size=1: estimator {alg.estimator!r} gives a response alone in its group a zero "
+            "advantage, so the loss and its gradient would be 0 at every step; use rollout.group_size >= 2")
+    return (f"rollout.group_size=1: each response is alone in its group, so {alg.estimator!r} has nothing to "
+            "compare it with; a lone response's group has mean 0 and std 1 (docs/ALGORITHMS.md), so its reward "
+            "itself is its sequence advantage (REINFORCE without a baseline); the group-relative methods are meant "
+            "for rollout.group_size >= 2")
+
+
 class Trainer:
     """Owns the policy, reference, optimizer, data order and RNGs of one run."""
 
-    def __init__(self, config: RunConfig, *, resume: bool = False, console: Console | None = None) -> None:
+    def __init__(self, config: RunConfig, *, resume: bool = False, overwrite: bool = False,
+                 console: Console | None = None) -> None:
+        if resume and overwrite:
+            raise ConfigError("--resume continues the run in output_dir and --overwrite moves it aside: give one")
         self.config = config
         self.console = console or Console()
         self.out = Path(config.output_dir)
         self.est_needs, self.loss_needs = preflight(config)
+        group_warning = check_group_size(config)
+        used = run_folder.run_contents(self.out)
+        if used and not (resume or overwrite):
+            run_folder.refuse_used_folder(self.out)
+        run_folder.check_output_dir(self.out)
+        if group_warning:
+            self.console.print(f"[yellow]warning:[/] {group_warning}", soft_wrap=True)
         cfg = config
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
@@ -147,23 +196,29 @@ class Trainer:
         self.order = torch.randperm(len(self.train_problems), generator=self.data_generator)
         self.position = 0
         self.before: dict[str, Any] | None = None
-        latest = ckpt.latest_checkpoint(self.out / "checkpoints") if resume else None
-        if latest is not None:
-            self._load_weights(latest)
+        resume_from = self._resume_point() if resume else None
         self.model.train()
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         engine_options: dict[str, Any] = {"max_prompt_tokens": cfg.rollout.max_prompt_tokens}
-        if cfg.rollout.engine == "hf":
-            engine_options["decode_attention"] = cfg.rollout.decode_attention
+        if cfg.rollout.engine == "vllm":
+            engine_options.update(gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, seed=cfg.train.seed)
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, **engine_options)
+        self.sampler_check = SamplerCheck(cfg.rollout.max_logprob_diff, cfg.rollout.logprob_diff_patience)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr, betas=cfg.train.adam_betas,
                                            weight_decay=cfg.train.weight_decay)
-        if latest is not None:
-            self._load_state(latest)
-            self.console.print(f"resumed from {latest} (step {self.step})")
+        if resume_from is not None:
+            path, state = resume_from
+            self._load_state(path, state)
+            self.console.print(f"resumed from {path} (step {self.step})", soft_wrap=True)
+        elif resume and used:
+            self.console.print(f"--resume: no checkpoint in {self.out / 'checkpoints'}; starting from step 0 "
+                               "(the logged steps are dropped)", soft_wrap=True)
         elif resume:
-            self.console.print(f"--resume: no checkpoint in {self.out / 'checkpoints'}, starting fresh")
+            self.console.print(f"--resume: {self.out} holds no run yet; starting a new one", soft_wrap=True)
+        if overwrite and used:
+            aside = run_folder.move_aside(self.out)
+            self.console.print(f"--overwrite: moved the previous run in {self.out} to {aside}", soft_wrap=True)
         truncate_metrics(self.out / "metrics.jsonl", self.step)
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.yaml").write_text(dump_config(config))
@@ -280,6 +335,9 @@ class Trainer:
             old_lp, entropies = shared[0].detach(), shared[1].detach()
         else:
             old_lp, entropies = self._forward_all_no_grad(self.model, rollout)
+        if rollout.sampler_logprobs is not None:  # does the engine sample from this policy?
+            metrics["rollout/logprob_diff"] = logprob_diff(rollout.sampler_logprobs, old_lp, mask)
+            self.sampler_check.observe(metrics["rollout/logprob_diff"], self.step + 1)
         batch = TokenBatch(rewards, group_index, mask, old_lp, ref_lp, entropies)
         t_est = time.perf_counter()
         advantages = compute_advantages(alg.estimator, batch, **alg.estimator_kwargs)
@@ -361,6 +419,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             return True
         self.optimizer.step()
+        self.engine.sync_weights()  # the next rollout samples from the updated policy
         return False
 
     # -- evaluation -----------------------------------------------------------
@@ -374,6 +433,7 @@ class Trainer:
             samples_per_problem=e.samples_per_problem, temperature=e.temperature,
             max_new_tokens=e.max_new_tokens or r.max_new_tokens, batch_size=e.batch_size,
             seed=self.config.train.seed + 10_000, samples_path=self.out / "eval" / f"{tag}_samples.jsonl",
+            progress=self._eval_progress(tag),
         )
         (self.out / "eval" / f"{tag}.json").write_text(json.dumps(result, indent=2))
         return result
@@ -392,63 +452,159 @@ class Trainer:
         return ckpt.save_checkpoint(self.out / "checkpoints", self.step, model=self.model, tokenizer=self.tokenizer,
                                     state=state, keep=self.config.checkpoint.keep)
 
-    def _load_weights(self, path: Path) -> None:
+    def _resume_point(self) -> tuple[Path, dict[str, Any]] | None:
+        """Load the weights of the newest intact checkpoint; return it and its trainer state.
+
+        A damaged or unsafe checkpoint is skipped with a warning that names it, and set aside
+        (renamed step-N.damaged, which nothing loads or rotates) once an older one is usable.
+        When checkpoints exist but none is intact, CheckpointError lists what is wrong with each.
+        """
+        found = ckpt.list_checkpoints(self.out / "checkpoints")
+        unusable: list[tuple[Path, str]] = []
+        for path in reversed(found):
+            try:
+                ckpt.check_model_file(path)
+                state = ckpt.load_state(path)
+                model = self._load_weights(path)
+            except ckpt.CheckpointError as err:
+                unusable.append((path, str(err)))
+                continue
+            for bad, why in unusable:
+                aside = bad.with_name(f"{bad.name}.damaged")
+                bad.rename(aside)
+                self.console.print(f"[yellow]warning:[/] checkpoint {bad.name} is not usable ({why}); "
+                                   f"set aside as {aside.name}, resuming from the older {path.name}", soft_wrap=True)
+            self.model = model
+            return path, state
+        if unusable:
+            raise ckpt.CheckpointError(f"no intact checkpoint in {self.out / 'checkpoints'}: "
+                                       + "; ".join(why for _, why in unusable))
+        return None
+
+    def _load_weights(self, path: Path) -> torch.nn.Module:
+        """The policy with the weights of checkpoint `path` (safetensors only: nothing in it can run)."""
         from transformers import AutoModelForCausalLM
 
-        device, dtype = next(self.model.parameters()).device, next(self.model.parameters()).dtype
-        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
+        from pivotrl.modeling.policy import quiet_loading
 
-    def _load_state(self, path: Path) -> None:
-        state = ckpt.load_state(path)
-        self.optimizer.load_state_dict(state["optimizer"])
-        ckpt.restore_rng_states(state["rng"])
-        self.data_generator.set_state(state["data_generator"])
-        self.sample_generator.set_state(state["sample_generator"])
-        self.shuffle_generator.set_state(state["shuffle_generator"])
-        self.order, self.position = state["order"], state["position"]
-        self.step, self.elapsed, self.nan_steps = state["step"], state["elapsed"], state["nan_steps"]
-        self.before = state["before"]
+        device, dtype = next(self.model.parameters()).device, next(self.model.parameters()).dtype
+        try:
+            with quiet_loading():
+                model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, use_safetensors=True)
+        except Exception as err:  # noqa: BLE001 - whatever the damage, this checkpoint cannot be used
+            raise ckpt.CheckpointError(f"{path}: cannot load the model ({ckpt.first_line(err)})") from None
+        return model.to(device)
+
+    def _load_state(self, path: Path, state: dict[str, Any]) -> None:
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            ckpt.restore_rng_states(state["rng"])
+            self.data_generator.set_state(state["data_generator"])
+            self.sample_generator.set_state(state["sample_generator"])
+            self.shuffle_generator.set_state(state["shuffle_generator"])
+            self.order, self.position = state["order"], int(state["position"])
+            self.step, self.elapsed, self.nan_steps = int(state["step"]), float(state["elapsed"]), int(state["nan_steps"])
+            self.before = state["before"]
+        except (KeyError, TypeError, ValueError, RuntimeError) as err:
+            raise ckpt.CheckpointError(f"{path}: its trainer state does not fit this run "
+                                       f"({ckpt.first_line(err)})") from None
 
     # -- the loop -------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        """Train to train.max_steps (evaluating and checkpointing on the way); returns the summary."""
+        """Train to train.max_steps (evaluating and checkpointing on the way); returns the summary.
+
+        Ctrl-C (SIGINT) during the steps finishes the current step, saves a checkpoint and
+        raises TrainingInterrupted; a second Ctrl-C, or one outside the steps, stops at once
+        (TrainingInterrupted names the newest checkpoint to resume from).
+        """
         cfg = self.config
         self.console.print(f"[bold]pivotrl train[/] {cfg.algorithm.estimator} + {cfg.algorithm.policy_loss} on "
-                           f"{cfg.task.name}: {describe(self.model)}; output {self.out}")
+                           f"{cfg.task.name}: {describe(self.model)}; output {self.out}", soft_wrap=True)
         started = time.perf_counter()
         elapsed_before = self.elapsed
         try:
-            if cfg.eval.before_after and self.before is None:
-                self.before = self.evaluate("step-000000")
-                self.console.print(f"held-out accuracy before: {self.before['accuracy']:.3f}")
-            with self._progress() as progress:
-                task_id = progress.add_task("train", total=cfg.train.max_steps, completed=self.step, reward="")
-                while self.step < cfg.train.max_steps:
-                    metrics = self.train_step()
-                    self.step += 1
-                    self.elapsed = elapsed_before + time.perf_counter() - started
-                    if self.nan_steps >= cfg.train.max_nan_steps:
-                        raise TrainingAborted(
-                            f"{self.nan_steps} consecutive steps with a NaN/inf loss or gradient at step {self.step}: "
-                            f"stopped; the last checkpoint in {self.out / 'checkpoints'} is intact. "
-                            "Lower train.lr or check the reward function.")
-                    if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.max_steps:
-                        result = self.evaluate(f"step-{self.step:06d}")
-                        metrics.update({f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))})
-                    self.logger.log(metrics)
-                    progress.update(task_id, advance=1, reward=f"reward {metrics.get('reward/mean', float('nan')):.3f}")
-                    if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
-                        self.save()
-            self.save()
-            summary = self._finish(elapsed_before + time.perf_counter() - started)
+            with sigint_stops_after_step() as stop:
+                if cfg.eval.before_after and self.before is None:
+                    self.before = self.evaluate("step-000000")
+                    self.console.print(f"held-out accuracy before: {self.before['accuracy']:.3f}")
+                with self._progress() as progress:
+                    task_id = progress.add_task("train", total=cfg.train.max_steps, completed=self.step, reward="")
+                    first_step, loop_started = self.step, time.perf_counter()
+                    stop.defer = True  # from here on, a first Ctrl-C waits for the step (and a save) to end
+                    while self.step < cfg.train.max_steps:
+                        metrics = self.train_step()
+                        self.step += 1
+                        self.elapsed = elapsed_before + time.perf_counter() - started
+                        if self.nan_steps >= cfg.train.max_nan_steps:
+                            raise TrainingAborted(
+                                f"{self.nan_steps} consecutive steps with a NaN/inf loss or gradient at step {self.step}: "
+                                f"stopped; the last checkpoint in {self.out / 'checkpoints'} is intact. "
+                                "Lower train.lr or check the reward function.")
+                        if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.max_steps:
+                            result = self.evaluate(f"step-{self.step:06d}")
+                            metrics.update({f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))})
+                        self.logger.log(metrics)
+                        progress.update(task_id, advance=1, reward=f"reward {metrics.get('reward/mean', float('nan')):.3f}")
+                        now = time.perf_counter()
+                        self._plain_progress(metrics, (now - loop_started) / (self.step - first_step), now - started)
+                        if stop.requested:
+                            path = self.save()
+                            raise TrainingInterrupted(
+                                f"interrupted: saved step {self.step} of {cfg.train.max_steps} to {path}; "
+                                "rerun the same command with --resume to continue")
+                        if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
+                            self.save()
+                    path = self.save()
+                    stop.defer = False
+                    if stop.requested:
+                        raise TrainingInterrupted(
+                            f"interrupted: saved the last step ({self.step}) to {path}; rerun the same command "
+                            "with --resume to run the final evaluation and write summary.json")
+                summary = self._finish(elapsed_before + time.perf_counter() - started)
+        except KeyboardInterrupt:
+            raise TrainingInterrupted(self._interrupted_message()) from None
         finally:
             self.logger.close()
         return summary
 
+    def _interrupted_message(self) -> str:
+        latest = ckpt.latest_checkpoint(self.out / "checkpoints")
+        if latest is None:
+            return f"interrupted at step {self.step}, before the first checkpoint: a rerun starts from step 0"
+        saved = int(latest.name[len(ckpt.PREFIX):])
+        return (f"interrupted at step {self.step}; the newest checkpoint, {latest}, holds step {saved}: "
+                "rerun the same command with --resume to continue from it")
+
     def _progress(self) -> Progress:
+        """The live bar (a terminal only: elsewhere it would print nothing until the end; see _plain_progress)."""
+        live = self.config.log.progress and self.console.is_terminal
         return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[reward]}"), TimeElapsedColumn(), TextColumn("ETA"),
-                        TimeRemainingColumn(), console=self.console, disable=not self.config.log.progress)
+                        TimeRemainingColumn(), console=self.console, disable=not live)
+
+    def _plain_progress(self, metrics: dict[str, Any], per_step: float, seconds: float) -> None:
+        """Every log.print_every steps, one plain line, when the output is not a terminal (a log file)."""
+        log, total = self.config.log, self.config.train.max_steps
+        if not log.progress or self.console.is_terminal:
+            return
+        if self.step % log.print_every and self.step != total:
+            return
+        eta = per_step * (total - self.step)
+        self.console.print(
+            f"step {self.step}/{total}  reward {metrics.get('reward/mean', float('nan')):.3f}  "
+            f"accuracy {metrics.get('accuracy', float('nan')):.3f}  {per_step:.2f} s/step  "
+            f"elapsed {_clock(seconds)}  ETA {_clock(eta)}", soft_wrap=True, highlight=False)
+
+    def _eval_progress(self, tag: str):
+        """A callback printing one line per evaluated batch (only when an evaluation spans several batches)."""
+        started = time.perf_counter()
+
+        def report(done: int, total: int) -> None:
+            if self.config.log.progress and done < total:
+                self.console.print(f"evaluating {tag}: {done}/{total} problems, {_clock(time.perf_counter() - started)}",
+                                   soft_wrap=True, highlight=False)
+
+        return report
 
     def _finish(self, wall_time: float) -> dict[str, Any]:
         summary: dict[str, Any] = {"steps": self.step, "estimator": self.config.algorithm.estimator,
@@ -461,7 +617,8 @@ class Trainer:
                 "mean_length_before": before.get("mean_length"), "mean_length_after": after["mean_length"],
                 "eval_problems": after["num_problems"], "eval_samples_per_problem": after["samples_per_problem"],
             })
-            table = Table(title=f"held-out {self.eval_task.name} ({after['num_problems']} problems)")
+            title = f"held-out {self.eval_task.name} ({after['num_problems']} problems)"
+            table = Table(title=title, min_width=len(title))  # the title on one line, also in a log file
             for col in ("", "before", "after"):
                 table.add_column(col, justify="right")
             table.add_row("accuracy", f"{before.get('accuracy', float('nan')):.3f}", f"{after['accuracy']:.3f}")
