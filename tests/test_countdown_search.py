@@ -114,7 +114,7 @@ def test_problems_follow_the_options(k):
 
 @pytest.mark.parametrize(
     "options",
-    [{"num_numbers": 2}, {"num_numbers": 6}, {"guide": (0.5, 0.5)}, {"max_value": 50},
+    [{"num_numbers": 2}, {"num_numbers": 6}, {"guide": (0.5, 0.5)}, {"max_value": 40},
      {"max_attempts": 0}, {"slip_rate": 0.0}],
 )
 def test_bad_options_are_value_errors(options):
