@@ -271,3 +271,22 @@ def test_evaluation_reports_mean_attempts(tmp_path):
                             prompts=[countdown.format_prompt(p) for p in countdown.problems("test")[:2]],
                             max_new_tokens=4)
     assert not any(k.startswith("mean_") and k != "mean_length" for k in plain)
+
+
+def test_the_search_job_reports_attempts_before_and_after(tmp_path):
+    """`pivotrl train --config configs/search.yaml`, cut short: the shipped search policy
+    trains, and the before/after table and summary.json carry attempts per response."""
+    from cli_helpers import pivotrl
+
+    from pivotrl.train.recipes import recipe_path
+
+    out = tmp_path / "run"
+    proc = pivotrl("train", "--config", str(recipe_path("search")), "-o", str(out), "train.max_steps=1",
+                   "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=64",
+                   "eval.num_problems=6", "eval.every=0", "checkpoint.every=0", "log.progress=false")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "attempts per response" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    for when in ("before", "after"):
+        assert 0.0 <= summary[f"mean_attempts_{when}"] <= 64
+        assert 0.0 <= summary[f"heldout_accuracy_{when}"] <= 1.0
