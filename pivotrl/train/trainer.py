@@ -623,6 +623,10 @@ class Trainer:
                 table.add_column(col, justify="right")
             table.add_row("accuracy", f"{before.get('accuracy', float('nan')):.3f}", f"{after['accuracy']:.3f}")
             table.add_row("mean length", f"{before.get('mean_length', float('nan')):.1f}", f"{after['mean_length']:.1f}")
+            for key in sorted(k for k in after if k.startswith("mean_") and k != "mean_length"):  # the task's counts
+                summary[f"{key}_before"], summary[f"{key}_after"] = before.get(key), after[key]
+                table.add_row(key.removeprefix("mean_").replace("_", " ") + " per response",
+                              f"{before.get(key, float('nan')):.2f}", f"{after[key]:.2f}")
             self.console.print(table)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         self.console.print(f"wall time {wall_time:.0f} s; summary in {self.out / 'summary.json'}")
