@@ -167,3 +167,36 @@ def test_report_table_has_the_tasks_counts_and_late_entropy(tmp_path: Path) -> N
     assert rows[0]["entropy"] == pytest.approx(0.3)
     table = markdown_table(rows)
     assert "attempts per response" in table and "| 2.50 |" in table and "0.300" in table
+
+
+def test_gain_and_welch_difference_to_the_baseline(tmp_path: Path) -> None:
+    """The report's paired gain (after - before per run) and its Welch interval against grpo's,
+    checked against the formulas worked by hand."""
+    from pivotrl.analysis.report import difference_ci95, markdown_table, method_rows
+    from pivotrl.analysis.runs import read_run
+
+    # by hand: a = [0.1, 0.2, 0.3], b = [0.0, 0.1]; var/n: 0.01/3, 0.005/2; diff 0.15
+    # df = (0.01/3 + 0.0025)^2 / ((0.01/3)^2/2 + 0.0025^2/1) = 2.88 -> rounded down to 2: t = 4.303
+    diff, half = difference_ci95([0.1, 0.2, 0.3], [0.0, 0.1])
+    assert diff == pytest.approx(0.15)
+    assert half == pytest.approx(4.303 * math.sqrt(0.01 / 3 + 0.0025))
+    assert math.isnan(difference_ci95([0.1], [0.0, 0.1])[1])
+
+    groups = {}
+    for method, gains in (("grpo", (0.0, 0.1)), ("erpo", (0.1, 0.2, 0.3))):
+        runs = []
+        for seed, gain in enumerate(gains):
+            folder = tmp_path / f"{method}{seed}"
+            folder.mkdir()
+            (folder / "config.yaml").write_text(f"algorithm: {{estimator: {method}}}\ntrain: {{seed: {seed}}}\n")
+            (folder / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")
+            before = 0.1 * seed  # every seed starts elsewhere: the gain is per run
+            (folder / "summary.json").write_text(json.dumps(
+                {"heldout_accuracy_before": before, "heldout_accuracy_after": before + gain}))
+            runs.append(read_run(folder))
+        groups[method] = runs
+    rows = {r["method"]: r for r in method_rows(groups)}
+    assert rows["erpo"]["gain"] == pytest.approx(0.2)
+    assert rows["erpo"]["gain_vs_baseline"] == pytest.approx((diff, half))
+    table = markdown_table(list(rows.values()))
+    assert f"+0.150 ({0.15 - half:+.3f} to {0.15 + half:+.3f})" in table

@@ -40,6 +40,19 @@ def mean_ci95(values: list[float]) -> tuple[float, float]:
     return mean, t * statistics.stdev(values) / math.sqrt(len(values))
 
 
+def difference_ci95(values: list[float], baseline: list[float]) -> tuple[float, float]:
+    """mean(values) - mean(baseline) and the half-width of its 95% Welch t-interval (NaN below 2 each)."""
+    if len(values) < 2 or len(baseline) < 2:
+        return (statistics.fmean(values) - statistics.fmean(baseline) if values and baseline else math.nan), math.nan
+    va, vb = statistics.variance(values) / len(values), statistics.variance(baseline) / len(baseline)
+    diff = statistics.fmean(values) - statistics.fmean(baseline)
+    if va + vb == 0:
+        return diff, 0.0
+    df = (va + vb) ** 2 / (va**2 / (len(values) - 1) + vb**2 / (len(baseline) - 1))  # Welch-Satterthwaite
+    t = _T95[max(int(df), 1) - 1] if df <= len(_T95) else 1.96  # whole df rounded down: the wider interval
+    return diff, t * math.sqrt(va + vb)
+
+
 def by_method(runs: list[RunRecord]) -> dict[str, list[RunRecord]]:
     """Runs grouped by method label, in first-seen order."""
     groups: dict[str, list[RunRecord]] = defaultdict(list)
@@ -107,12 +120,17 @@ def method_rows(groups: dict[str, list[RunRecord]], baseline: str = "grpo") -> l
     base = groups.get(baseline)
     base_final = statistics.fmean([v for v in finals[baseline] if v is not None]) if base else None
     rows = []
+    gains: dict[str, list[float]] = {}
     for method, runs in groups.items():
         acc = [v for v in finals[method] if v is not None]
         mean, half = mean_ci95(acc)
         row: dict[str, Any] = {"method": method, "seeds": len(runs), "accuracy": mean, "ci95": half,
                                "finals": len(acc)}
         row["before"] = _mean([r.summary.get("heldout_accuracy_before") for r in runs])
+        gains[method] = [float(r.summary["heldout_accuracy_after"]) - float(r.summary["heldout_accuracy_before"])
+                         for r in runs if r.summary.get("heldout_accuracy_after") is not None
+                         and r.summary.get("heldout_accuracy_before") is not None]
+        row["gain"], row["gain_ci95"] = mean_ci95(gains[method])
         row["mean_length"] = _mean([r.summary.get("mean_length_after", _last_eval(r, "mean_length")) for r in runs])
         row["trace_validity"] = _mean([_last_eval(r, "trace_validity_correct") for r in runs])
         row["entropy"] = _mean([_mean(r.series("entropy/mean")[1][-ENTROPY_WINDOW:]) for r in runs])
@@ -128,6 +146,8 @@ def method_rows(groups: dict[str, list[RunRecord]], baseline: str = "grpo") -> l
             hit = [s for s, vals in zip(steps, table, strict=True) if statistics.fmean(vals) >= base_final and s > 0]
             row["steps_to_baseline"] = hit[0] if hit else None
         rows.append(row)
+    for row in rows:  # the gain over each run's own start, against the baseline's (seeds may start apart)
+        row["gain_vs_baseline"] = difference_ci95(gains[row["method"]], gains[baseline]) if base else (math.nan, math.nan)
     return rows
 
 
@@ -149,13 +169,19 @@ def markdown_table(rows: list[dict[str, Any]], baseline: str = "grpo") -> str:
     k_keys = sorted({k for r in rows for k in r["pass@k"]})
     stat_keys = sorted({k for r in rows for k in r["task_stats"]})
     head = ["method", "seeds", "held-out acc. before", "final held-out acc. (mean ± 95% CI)",
+            "gain: after − before (mean ± 95% CI)", f"gain − {baseline}'s gain (95% Welch CI)",
             f"steps to {baseline}'s final acc.", "mean length (tokens)",
             *[k.removeprefix("mean_").replace("_", " ") + " per response" for k in stat_keys],
             "trace validity (correct)", f"entropy, last {ENTROPY_WINDOW} steps (nats)", *k_keys, "wall time (s)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         spread = f"± {_fmt(r['ci95'])}" if r["finals"] > 1 else f"(n={r['finals']}, no interval)"
+        gain_spread = f"± {_fmt(r['gain_ci95'])}" if r["finals"] > 1 else "(n=1)"
+        diff, half = r["gain_vs_baseline"]
+        versus = "–" if r["method"] == baseline else (
+            f"{diff:+.3f} ({diff - half:+.3f} to {diff + half:+.3f})" if math.isfinite(half) else f"{_fmt(diff, '+.3f')} (no interval)")
         cells = [r["method"], str(r["seeds"]), _fmt(r["before"]), f"{_fmt(r['accuracy'])} {spread}",
+                 f"{_fmt(r['gain'], '+.3f')} {gain_spread}", versus,
                  _fmt(r["steps_to_baseline"], "d") if r["steps_to_baseline"] is not None else "not reached",
                  _fmt(r["mean_length"], ".1f"), *[_fmt(r["task_stats"].get(k), ".2f") for k in stat_keys],
                  _fmt(r["trace_validity"]), _fmt(r["entropy"]),
