@@ -200,3 +200,6 @@ def test_gain_and_welch_difference_to_the_baseline(tmp_path: Path) -> None:
     assert rows["erpo"]["gain_vs_baseline"] == pytest.approx((diff, half))
     table = markdown_table(list(rows.values()))
     assert f"+0.150 ({0.15 - half:+.3f} to {0.15 + half:+.3f})" in table
+    without_baseline = markdown_table([rows["erpo"]])
+    assert "grpo's gain" not in without_baseline and "+0.200" in without_baseline
+    assert "steps to grpo" not in without_baseline

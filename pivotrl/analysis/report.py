@@ -168,9 +168,11 @@ def markdown_table(rows: list[dict[str, Any]], baseline: str = "grpo") -> str:
     """The comparison table as markdown."""
     k_keys = sorted({k for r in rows for k in r["pass@k"]})
     stat_keys = sorted({k for r in rows for k in r["task_stats"]})
+    has_baseline = any(r["method"] == baseline for r in rows)
     head = ["method", "seeds", "held-out acc. before", "final held-out acc. (mean ± 95% CI)",
-            "gain: after − before (mean ± 95% CI)", f"gain − {baseline}'s gain (95% Welch CI)",
-            f"steps to {baseline}'s final acc.", "mean length (tokens)",
+            "gain: after − before (mean ± 95% CI)",
+            *([f"gain − {baseline}'s gain (95% Welch CI)"] if has_baseline else []),
+            *([f"steps to {baseline}'s final acc."] if has_baseline else []), "mean length (tokens)",
             *[k.removeprefix("mean_").replace("_", " ") + " per response" for k in stat_keys],
             "trace validity (correct)", f"entropy, last {ENTROPY_WINDOW} steps (nats)", *k_keys, "wall time (s)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -181,8 +183,9 @@ def markdown_table(rows: list[dict[str, Any]], baseline: str = "grpo") -> str:
         versus = "–" if r["method"] == baseline else (
             f"{diff:+.3f} ({diff - half:+.3f} to {diff + half:+.3f})" if math.isfinite(half) else f"{_fmt(diff, '+.3f')} (no interval)")
         cells = [r["method"], str(r["seeds"]), _fmt(r["before"]), f"{_fmt(r['accuracy'])} {spread}",
-                 f"{_fmt(r['gain'], '+.3f')} {gain_spread}", versus,
-                 _fmt(r["steps_to_baseline"], "d") if r["steps_to_baseline"] is not None else "not reached",
+                 f"{_fmt(r['gain'], '+.3f')} {gain_spread}", *([versus] if has_baseline else []),
+                 *([_fmt(r["steps_to_baseline"], "d") if r["steps_to_baseline"] is not None else "not reached"]
+                   if has_baseline else []),
                  _fmt(r["mean_length"], ".1f"), *[_fmt(r["task_stats"].get(k), ".2f") for k in stat_keys],
                  _fmt(r["trace_validity"]), _fmt(r["entropy"]),
                  *[_fmt(r["pass@k"].get(k)) for k in k_keys], _fmt(r["wall_time_s"], ".0f")]
