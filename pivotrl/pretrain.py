@@ -467,7 +467,7 @@ def run_pretrain_command(
         )
         counts = "".join(
             f"  mean {k.removeprefix('mean_').replace('_', ' ')} {v:.2f}"
-            for k, v in res.items() if k.startswith("mean_")
+            for k, v in res.items() if k.startswith("mean_") and k != "mean_response_tokens"
         )
         console.print(
             f"held-out accuracy {res['accuracy']:.3f}  format {res['format']:.3f}  "
