@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
+from pivotrl.modeling.policy import load_policy
 from pivotrl.modeling.tiny import (
     TINY_ARCH,
     build_tiny_model,
@@ -19,7 +20,6 @@ from pivotrl.modeling.tiny import (
     load_tiny_policy,
     tiny_policy_path,
 )
-from pivotrl.modeling.policy import load_policy
 from pivotrl.modeling.tokenizer import TAGS, build_char_tokenizer
 from pivotrl.pretrain import (
     RECIPE_FILE,

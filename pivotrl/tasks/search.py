@@ -56,7 +56,14 @@ from pivotrl.tasks.base import (
     lazy_verifier,
     register_task,
 )
-from pivotrl.tasks.synthetic import FLAWS, Program, SyntheticTask, _parse_range
+from pivotrl.tasks.synthetic import (
+    FLAWS,
+    Program,
+    SyntheticTask,
+    _parse_range,
+    countdown_key,
+    countdown_prompt,
+)
 
 # (left operand, operator, right operand, result, the state after the move)
 Move = tuple[int, str, int, int, tuple[int, ...]]
@@ -234,9 +241,9 @@ class CountdownSearchTask(SyntheticTask):
 
     def make_problem(self, numbers: Sequence[int], target: int) -> Problem:
         return Problem(
-            prompt=f"Use {' '.join(map(str, numbers))} to make {target}.",
+            prompt=countdown_prompt(numbers, target),
             answer={"numbers": list(numbers), "target": target},
-            meta={"key": f"countdown:{','.join(map(str, sorted(numbers)))}:{target}"},
+            meta={"key": countdown_key(numbers, target)},
         )
 
     # -- the search -----------------------------------------------------------------

@@ -316,6 +316,17 @@ def _parse_range(value: Sequence[int] | int, name: str) -> tuple[int, int]:
     return lo, hi
 
 
+def countdown_prompt(numbers: Sequence[int], target: int) -> str:
+    """The question of a countdown problem (also ``countdown_search``'s)."""
+    return f"Use {' '.join(map(str, numbers))} to make {target}."
+
+
+def countdown_key(numbers: Sequence[int], target: int) -> str:
+    """A countdown problem's identity, numbers sorted: shared by ``countdown_search``, so the
+    two tasks hold out the same problems."""
+    return f"countdown:{','.join(map(str, sorted(numbers)))}:{target}"
+
+
 @register_task("countdown")
 class CountdownTask(SyntheticTask):
     """Make the target from the numbers with + - * / (each number at most once).
@@ -375,12 +386,11 @@ class CountdownTask(SyntheticTask):
         target = program.value
         vals = program.values()
         assert vals is not None
-        key = f"countdown:{','.join(map(str, sorted(numbers)))}:{target}"
         return Problem(
-            prompt=f"Use {' '.join(map(str, numbers))} to make {target}.",
+            prompt=countdown_prompt(numbers, target),
             answer={"numbers": list(numbers), "target": target},
             meta={
-                "key": key,
+                "key": countdown_key(numbers, target),
                 "expression": program.text(),
                 "solution": layout(program.equations(vals), program.text()),
                 "program": program.to_meta(),
