@@ -21,8 +21,8 @@ probability ``guide`` (first step, middle steps, last step), a move from
 which the target can still be reached, and otherwise any legal move. With
 the default ``(0.3, 0.5, 0.9)`` a good first move is taken 30% of the time
 (plus the random moves that happen to be good), the last step is nearly
-always seen, and the worked searches make about 3 attempts on average
-(3.1 over 400 pretraining examples). A correct search succeeds within ``max_attempts``; the
+always seen, and the worked searches make about 3 attempts on average.
+A correct search succeeds within ``max_attempts``; the
 two flaws of :meth:`worked_solution` are ``"wrong_step"`` (arithmetic slips:
 a result off by 1 to 3, carried on, so the search may recover, give up or
 "hit" the target with a wrong expression) and ``"wrong_answer"`` (every
