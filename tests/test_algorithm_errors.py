@@ -143,5 +143,5 @@ def test_user_registered_estimator_and_loss_work_without_editing_the_package() -
         loss, metrics = compute_policy_loss("test_linear", B, advantages=adv, logprobs=B.old_logprobs)
         assert metrics["loss"] == pytest.approx(float(loss))
     finally:
-        ESTIMATORS.pop("test_sign")
-        POLICY_LOSSES.pop("test_linear")
+        ESTIMATORS.remove("test_sign")
+        POLICY_LOSSES.remove("test_linear")

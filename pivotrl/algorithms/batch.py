@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 from torch import Tensor
 
-OPTIONAL_FIELDS = ("ref_logprobs", "entropies")
+
+def optional_field(meaning: str) -> Tensor | None:
+    """An optional (N,T) float field of TokenBatch, None when absent; `meaning` names it in errors.
+
+    Declaring a field this way is all it takes: validation, row selection and the
+    "needs ..., which the batch does not have" errors of the registry derive from it.
+    """
+    return field(default=None, metadata={"meaning": meaning})
 
 
 @dataclass(frozen=True)
@@ -16,17 +23,17 @@ class TokenBatch:
 
     rewards (N,) float, group_index (N,) int (equal values form a group),
     response_mask (N,T) bool (True on response tokens), old_logprobs (N,T),
-    and optionally ref_logprobs (N,T) and entropies (N,T) of the rollout
-    policy. Values at padding positions are ignored (they may be anything,
-    even NaN); a non-finite value at a valid position raises ValueError.
+    and the optional (N,T) fields below. Values at padding positions are
+    ignored (they may be anything, even NaN); a non-finite value at a valid
+    position raises ValueError.
     """
 
     rewards: Tensor
     group_index: Tensor
     response_mask: Tensor
     old_logprobs: Tensor
-    ref_logprobs: Tensor | None = None
-    entropies: Tensor | None = None
+    ref_logprobs: Tensor | None = optional_field("the reference model's log-probs")
+    entropies: Tensor | None = optional_field("the rollout policy's token entropies")
 
     def __post_init__(self) -> None:
         _check_batch(self)
@@ -42,7 +49,7 @@ class TokenBatch:
     def dtype(self) -> torch.dtype:
         """The promoted floating dtype of the batch's float tensors."""
         dtype = torch.promote_types(self.rewards.dtype, self.old_logprobs.dtype)
-        for name in OPTIONAL_FIELDS:
+        for name in optional_fields(self):
             value = getattr(self, name)
             if value is not None:
                 dtype = torch.promote_types(dtype, value.dtype)
@@ -64,6 +71,16 @@ class TokenBatch:
         if value is None:
             raise ValueError(f"{needed_by} needs TokenBatch.{name}, which is None")
         return masked(value.to(self.compute_dtype), self.response_mask)
+
+    def select(self, rows: Tensor) -> TokenBatch:
+        """The responses `rows` (int64 indices or a bool mask over N): every field, optional ones included."""
+        picked = {f.name: getattr(self, f.name) for f in fields(self)}
+        return type(self)(**{name: None if value is None else value[rows] for name, value in picked.items()})
+
+
+def optional_fields(batch: TokenBatch | type[TokenBatch] = TokenBatch) -> dict[str, str]:
+    """{name: meaning} of the optional (N,T) fields of a TokenBatch (class or instance, subclasses included)."""
+    return {f.name: f.metadata["meaning"] for f in fields(batch) if "meaning" in f.metadata}
 
 
 def masked(x: Tensor, mask: Tensor) -> Tensor:
@@ -90,7 +107,7 @@ def _check_batch(b: TokenBatch) -> None:
     if mask.dtype != torch.bool and not ((mask == 0) | (mask == 1)).all():
         raise ValueError("response_mask must be bool or contain only 0 and 1")
     mask = mask.bool()
-    for name in ("old_logprobs", *OPTIONAL_FIELDS):
+    for name in ("old_logprobs", *optional_fields(b)):
         value = getattr(b, name)
         if value is None and name != "old_logprobs":
             continue

@@ -57,7 +57,7 @@ from pivotrl.algorithms import ESTIMATORS, TokenBatch, compute_advantages  # noq
 from pivotrl.analysis.compare import ABLATIONS  # noqa: E402
 from pivotrl.analysis.pivots import token_html  # noqa: E402
 from pivotrl.rewards.safe import safe_score  # noqa: E402
-from pivotrl.rollout import Rollout  # noqa: E402
+from pivotrl.rollout import Rollout, RolloutEngine  # noqa: E402
 from pivotrl.train.forward import response_logprobs  # noqa: E402
 
 #: ERPO's ablations (ALGORITHMS.md): compare's three, plus the process term switched off.
@@ -92,7 +92,7 @@ def needed_values(positions: Tensor, width: int, num_rows: int) -> Tensor:
 
 
 @torch.no_grad()
-def estimate_values(engine: Any, rollout: Rollout, rewards: Tensor, score: Callable[[int, str], float],
+def estimate_values(engine: RolloutEngine, rollout: Rollout, rewards: Tensor, score: Callable[[int, str], float],
                     needed: Tensor, *, k: int, max_new_tokens: int, temperature: float, batch_rows: int,
                     generator: torch.Generator, progress: Callable[[int, int], None] | None = None) -> ValueTable:
     """Monte-Carlo V(t) where `needed` (N, R+1) is True, by K continuations per distinct prefix.
@@ -388,7 +388,7 @@ def check_options(*, group_size: int, k: int, max_new_tokens: int, temperature: 
         raise ValueError(f"unknown estimator(s) for the HTML page: {', '.join(unknown)}; known: {', '.join(known)}")
 
 
-def run_credit(model: torch.nn.Module, tokenizer: Any, engine: Any, task: Any, problems: list[Any], prompts: list[str],
+def run_credit(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine, task: Any, problems: list[Any], prompts: list[str],
                output_dir: Path, *, model_name: str = "", task_name: str = "", ref_model: torch.nn.Module | None = None,
                ref_name: str | None = None, group_size: int = 8, k: int = 32, max_new_tokens: int = 34,
                temperature: float = 1.0, positions_per_decile: int | None = None, ablations: bool = False,

@@ -33,7 +33,7 @@ from torch import Tensor  # noqa: E402
 from pivotrl.algorithms import TokenBatch, compute_advantages, estimator_requirements  # noqa: E402
 from pivotrl.modeling.policy import lm_parts, positions_from_mask  # noqa: E402
 from pivotrl.rewards.safe import safe_score  # noqa: E402
-from pivotrl.rollout import Rollout  # noqa: E402
+from pivotrl.rollout import Rollout, RolloutEngine  # noqa: E402
 from pivotrl.train.forward import response_logprobs  # noqa: E402
 
 
@@ -136,7 +136,7 @@ def plot_entropy_histogram(entropies: Tensor, path: Path, threshold_high: float,
 
 
 @torch.no_grad()
-def perturb(engine: Any, model: torch.nn.Module, rollout: Rollout, positions: Tensor, task: Any, answers: list[Any],
+def perturb(engine: RolloutEngine, model: torch.nn.Module, rollout: Rollout, positions: Tensor, task: Any, answers: list[Any],
             verdicts: Tensor, *, max_new_tokens: int, temperature: float, generator: torch.Generator,
             keep_token: bool = False) -> Tensor:
     """Flip indicator (K,) for each (row, t) in positions (K,2): another token at t, the rest regenerated.
@@ -185,7 +185,7 @@ def perturb(engine: Any, model: torch.nn.Module, rollout: Rollout, positions: Te
     return torch.tensor(flips)
 
 
-def analyze_policy(model: torch.nn.Module, tokenizer: Any, engine: Any, task: Any, problems: list[Any],
+def analyze_policy(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine, task: Any, problems: list[Any],
                    prompts: list[str], output_dir: Path, *, estimator: str = "erpo", group_size: int = 8,
                    max_new_tokens: int = 34, temperature: float = 1.0, top_percent: float = 10.0,
                    num_perturbations: int = 200, max_html_responses: int = 64, seed: int = 0,

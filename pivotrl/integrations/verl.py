@@ -165,7 +165,7 @@ def estimator_hparams(name: str, config: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ValueError(f"algorithm.{ESTIMATOR_KWARGS_KEY} must be a mapping, got {type(raw).__name__}")
     hp = dict(raw)
-    params = hyperparameters(ESTIMATORS[name])
+    params = hyperparameters(ESTIMATORS.lookup(name).fn)
     if "norm_by_std" in params and "norm_by_std" not in hp:
         norm = _cfg_get(config, "norm_adv_by_std_in_grpo", None)
         if norm is not None:
@@ -319,8 +319,7 @@ def check_entropy_source(config: Any) -> None:
 
 def make_adv_estimator(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
     """verl advantage estimator running pivotrl estimator `name`; returns (advantages, returns)."""
-    if name not in ESTIMATORS:
-        raise ValueError(f"unknown pivotrl estimator {name!r}; known: {', '.join(sorted(ESTIMATORS))}")
+    ESTIMATORS.lookup(name)  # the unknown-name error, with its hint, before verl sees the name
 
     def estimator(
         token_level_rewards: Tensor,
@@ -392,7 +391,7 @@ def policy_loss_hparams(name: str, config: Any = None) -> dict[str, Any]:
     The KL term is verl's (``actor.use_kl_loss``): ``beta_kl`` is 0 here, including for tepo, whose
     masked KL needs entropies and reference log-probs that verl's loss interface does not pass.
     """
-    params = list(hyperparameters(POLICY_LOSSES[name]))
+    params = list(hyperparameters(POLICY_LOSSES.lookup(name).fn))
     hp: dict[str, Any] = {}
     if config is not None:
         clip = _cfg_get(config, "clip_ratio", None)
@@ -433,9 +432,7 @@ def policy_loss_hparams(name: str, config: Any = None) -> dict[str, Any]:
 
 def make_policy_loss(name: str) -> Callable[..., tuple[Tensor, dict[str, Any]]]:
     """verl policy loss running pivotrl loss `name`, aggregated with verl's agg_loss."""
-    if name not in POLICY_LOSSES:
-        raise ValueError(f"unknown pivotrl policy loss {name!r}; known: {', '.join(sorted(POLICY_LOSSES))}")
-    per_token = POLICY_LOSSES[name]
+    per_token = POLICY_LOSSES.lookup(name).fn
 
     def policy_loss(
         old_log_prob: Tensor,

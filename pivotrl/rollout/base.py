@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+
+
+def _per_row(layout: str, **kwargs: Any) -> Any:
+    """A Rollout field holding one entry per row; `layout` says how rows are joined (see concat_rollouts)."""
+    return field(metadata={"layout": layout}, **kwargs)
 
 
 @dataclass
@@ -18,25 +23,34 @@ class Rollout:
     including a final EOS; texts: the decoded responses, special tokens removed;
     truncated (B,) bool: the response hit max_new_tokens without EOS;
     sampler_logprobs (B,R) float32, when the engine reports it: ℓ^sampler, the
-    log-probability of each drawn token under the distribution the sampler drew it from
-    (softmax(logits / T) on the top-p nucleus, renormalised; T <= 0 scores at T = 1), 0 on padding.
+    log-probability of each drawn token under the distribution it drew it from
+    (softmax(logits / T) on the top-p nucleus, renormalised; T <= 0 scores at T = 1), 0 on padding;
+    group_index (B,) int64: the prompt each row answers (by default row // group_size).
+
+    Each per-row field is declared once, with its layout; select_rows and
+    concat_rollouts derive what they do from these declarations.
     """
 
-    prompt_ids: Tensor
-    prompt_mask: Tensor
-    response_ids: Tensor
-    response_mask: Tensor
-    texts: list[str]
-    truncated: Tensor
+    prompt_ids: Tensor = _per_row("left-padded")
+    prompt_mask: Tensor = _per_row("left-padded")
+    response_ids: Tensor = _per_row("right-padded")
+    response_mask: Tensor = _per_row("right-padded")
+    texts: list[str] = _per_row("list")
+    truncated: Tensor = _per_row("row")
+    group_size: int = 1  # samples per prompt of the call that made it (0 after joining rollouts of several)
+    sampler_logprobs: Tensor | None = _per_row("right-padded", default=None)
+    group_index: Tensor | None = _per_row("group", default=None)
 
-    @property
-    def group_index(self) -> Tensor:
-        """(B,) int64: the prompt each row answers."""
-        groups = self.prompt_ids.shape[0] // max(self.group_size, 1)
-        return torch.arange(groups).repeat_interleave(self.group_size)
+    def __post_init__(self) -> None:
+        if self.group_index is None:
+            groups = self.prompt_ids.shape[0] // max(self.group_size, 1)
+            self.group_index = torch.arange(groups, device=self.prompt_ids.device).repeat_interleave(
+                max(self.group_size, 1))
 
-    group_size: int = 1
-    sampler_logprobs: Tensor | None = None
+
+def row_fields(rollout: Rollout | type[Rollout] = Rollout) -> dict[str, str]:
+    """{name: layout} of the per-row fields of a Rollout (class or instance, subclasses included)."""
+    return {f.name: f.metadata["layout"] for f in fields(rollout) if "layout" in f.metadata}
 
 
 def tokenize_prompts(tokenizer: Any, prompts: list[str], max_prompt_tokens: int | None) -> list[list[int]]:
@@ -59,7 +73,9 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
 
 
 class RolloutEngine(Protocol):
-    """Samples completions for prompts with the current policy."""
+    """Samples completions with the current policy: what the trainer, `credit` and `analyze` call on an engine."""
+
+    tokenizer: Any  # the policy's tokenizer: pad_token_id, eos_token_id, decode, batch_decode
 
     def generate(
         self,
@@ -72,6 +88,23 @@ class RolloutEngine(Protocol):
         generator: torch.Generator | None = None,
     ) -> Rollout:
         """num_samples completions of every prompt, as a Rollout (with sampler_logprobs for the trainer's sampler check)."""
+        ...
+
+    def generate_from_ids(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        num_samples: int = 1,
+        *,
+        max_new_tokens: int | Tensor,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        """Like generate, from left-padded token ids (B,P) and their mask (a prompt plus a forced prefix, say).
+
+        max_new_tokens may be a (B,) tensor: each prompt's own limit (its samples stop there, truncated).
+        """
         ...
 
     def sync_weights(self) -> None:
@@ -92,7 +125,7 @@ def make_engine(name: str, model: Any, tokenizer: Any, **options: Any) -> Rollou
     raise ValueError(f"unknown rollout engine {name!r}; known: hf, vllm")
 
 
-def _pad_to(x: Tensor, width: int, value: float | bool, left: bool) -> Tensor:
+def _pad_to(x: Tensor, width: int, value: float | bool | int, left: bool) -> Tensor:
     extra = width - x.shape[1]
     if extra == 0:
         return x
@@ -103,28 +136,37 @@ def _pad_to(x: Tensor, width: int, value: float | bool, left: bool) -> Tensor:
 def select_rows(rollout: Rollout, rows: Tensor) -> Rollout:
     """The rollout restricted to `rows` (int64 indices; keep whole groups to keep group_size)."""
     idx = rows.tolist()
-    sampler = rollout.sampler_logprobs
-    return Rollout(rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
-                   rollout.response_mask[rows], [rollout.texts[i] for i in idx], rollout.truncated[rows],
-                   group_size=rollout.group_size, sampler_logprobs=None if sampler is None else sampler[rows])
+    picked = {}
+    for name, layout in row_fields(rollout).items():
+        value = getattr(rollout, name)
+        picked[name] = None if value is None else [value[i] for i in idx] if layout == "list" else value[rows]
+    return replace(rollout, **picked)
 
 
 def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
-    """Rollouts of one group size stacked row-wise, prompts re-left-padded, responses re-right-padded."""
+    """Rollouts stacked row-wise: prompts re-left-padded, responses re-right-padded, groups kept apart.
+
+    Padding takes `pad_id` for token ids, False for masks and 0 for floats; an optional
+    field is kept only when every part has it. Joined rollouts of different group sizes
+    get group_size 0 (group_index still says which rows share a prompt).
+    """
     if len(parts) == 1:
         return parts[0]
-    p_width = max(r.prompt_ids.shape[1] for r in parts)
-    r_width = max(r.response_ids.shape[1] for r in parts)
-    sampler = None
-    if all(r.sampler_logprobs is not None for r in parts):
-        sampler = torch.cat([_pad_to(r.sampler_logprobs, r_width, 0.0, left=False) for r in parts])
-    return Rollout(
-        torch.cat([_pad_to(r.prompt_ids, p_width, pad_id, left=True) for r in parts]),
-        torch.cat([_pad_to(r.prompt_mask, p_width, False, left=True) for r in parts]),
-        torch.cat([_pad_to(r.response_ids, r_width, pad_id, left=False) for r in parts]),
-        torch.cat([_pad_to(r.response_mask, r_width, False, left=False) for r in parts]),
-        [t for r in parts for t in r.texts],
-        torch.cat([r.truncated for r in parts]),
-        group_size=parts[0].group_size,
-        sampler_logprobs=sampler,
-    )
+    joined: dict[str, Any] = {}
+    for name, layout in row_fields(parts[0]).items():
+        values = [getattr(p, name) for p in parts]
+        if any(v is None for v in values):
+            joined[name] = None
+        elif layout == "list":
+            joined[name] = [item for v in values for item in v]
+        elif layout == "group":  # each part numbers its groups from 0
+            offsets = torch.tensor([0, *[int(v.max()) + 1 if len(v) else 0 for v in values[:-1]]]).cumsum(0)
+            joined[name] = torch.cat([v + int(o) for v, o in zip(values, offsets, strict=True)])
+        elif layout == "row":
+            joined[name] = torch.cat(values)
+        else:
+            width = max(v.shape[1] for v in values)
+            fill = False if values[0].dtype == torch.bool else 0.0 if values[0].is_floating_point() else pad_id
+            joined[name] = torch.cat([_pad_to(v, width, fill, left=layout == "left-padded") for v in values])
+    sizes = {p.group_size for p in parts}
+    return replace(parts[0], group_size=sizes.pop() if len(sizes) == 1 else 0, **joined)

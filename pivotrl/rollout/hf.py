@@ -142,13 +142,20 @@ class HFEngine:
         prompt_mask: Tensor,
         num_samples: int = 1,
         *,
-        max_new_tokens: int,
+        max_new_tokens: int | Tensor,
         temperature: float = 1.0,
         top_p: float = 1.0,
         generator: torch.Generator | None = None,
     ) -> Rollout:
-        """Like generate, from left-padded token ids (B,P) and their mask (e.g. a prompt plus a forced prefix)."""
+        """Like generate, from left-padded token ids (B,P) and their mask (e.g. a prompt plus a forced prefix).
+
+        max_new_tokens may be a (B,) int tensor, each prompt's own limit: its samples stop
+        there (truncated, if no EOS came first).
+        """
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        limits = torch.as_tensor(max_new_tokens, device=prompt_ids.device).expand(prompt_ids.shape[0])
+        if bool((limits < 1).any()):
+            raise ValueError(f"max_new_tokens must be >= 1, got {limits.min().item()}")
         was_training = self.model.training
         self.model.eval()
         attention = prompt_mask.long()
@@ -166,18 +173,21 @@ class HFEngine:
             prompt_mask = prompt_mask.repeat_interleave(num_samples, dim=0)
             attention = attention.repeat_interleave(num_samples, dim=0)
             positions = positions.repeat_interleave(num_samples, dim=0)
+            limits = limits.repeat_interleave(num_samples)
         batch = prompt_ids.shape[0]
         next_position = positions[:, -1:] + 1
         finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
+        lengths = limits.clone()  # each row's response length: up to its first EOS, else its limit
         tokens: list[Tensor] = []
         logprobs: list[Tensor] = []
         try:
-            for _ in range(max_new_tokens):
+            for step in range(int(limits.max())):
                 token, logprob = sample_next(logits, temperature, top_p, generator)
                 token = torch.where(finished, pad, token)
                 tokens.append(token)
                 logprobs.append(logprob)
-                finished = finished | (token == eos)
+                lengths = torch.where(~finished & (token == eos), step + 1, lengths)
+                finished = finished | (token == eos) | (limits <= step + 1)
                 if bool(finished.all()):
                     break
                 attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
@@ -188,12 +198,10 @@ class HFEngine:
         finally:
             self.model.train(was_training)
         response_ids = torch.stack(tokens, dim=1)
-        is_eos = response_ids == eos
-        # valid = up to and including the first EOS
-        after_eos = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0
-        response_mask = ~after_eos
+        response_mask = torch.arange(response_ids.shape[1], device=response_ids.device) < lengths.unsqueeze(1)
         response_ids = torch.where(response_mask, response_ids, pad)
         sampler_logprobs = torch.where(response_mask, torch.stack(logprobs, dim=1), 0.0)
         texts = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+        truncated = ~(response_mask & (response_ids == eos)).any(dim=1)
         return Rollout(prompt_ids, prompt_mask.bool(), response_ids, response_mask, texts,
-                       truncated=~is_eos.any(dim=1), group_size=num_samples, sampler_logprobs=sampler_logprobs)
+                       truncated=truncated, group_size=num_samples, sampler_logprobs=sampler_logprobs)

@@ -29,6 +29,8 @@ from pivotrl.train.config import ConfigError
 
 #: The vLLM releases whose API this engine follows (also the `vllm` extra in pyproject.toml).
 VLLM_VERSIONS = ">=0.24,<0.25"
+#: The most parameter bytes handed to the engine's loader at once (docs/INTEGRATIONS.md).
+SYNC_BUCKET_BYTES = 512 * 2**20
 
 
 class VLLMEngine:
@@ -62,14 +64,17 @@ class VLLMEngine:
 
     @torch.no_grad()
     def sync_weights(self) -> None:
-        """Copy the policy's current weights into the engine and forget the prefixes cached with the old ones."""
-        weights = [(name, p.detach()) for name, p in self.model.named_parameters()]
+        """Copy the policy's current weights into the engine and forget the prefixes cached with the old ones.
 
-        def load(engine_model: torch.nn.Module) -> list[str]:
-            loaded = engine_model.load_weights(weights)
-            return [] if loaded is None else sorted({n for n, _ in engine_model.named_parameters()} - set(loaded))
-
-        missed = self.llm.apply_model(load)[0]
+        The weights go in buckets of at most SYNC_BUCKET_BYTES (one tensor larger than that
+        goes alone), so that the engine's loader never holds more than one bucket's
+        converted copies at once.
+        """
+        expected = set(self.llm.apply_model(lambda m: [n for n, _ in m.named_parameters()])[0])
+        loaded: set[str] = set()
+        for bucket in weight_buckets(self.model, SYNC_BUCKET_BYTES):
+            loaded |= set(self.llm.apply_model(lambda m, b=bucket: m.load_weights(b) or ())[0])
+        missed = sorted(expected - loaded) if loaded else []
         if missed:
             raise RuntimeError(f"vLLM's {type(self.model).__name__} did not receive these weights from the policy: "
                                f"{', '.join(missed[:5])}{' ...' if len(missed) > 5 else ''}")
@@ -83,10 +88,25 @@ class VLLMEngine:
         """
         if num_samples < 1 or max_new_tokens < 1:
             raise ValueError(f"num_samples and max_new_tokens must be >= 1, got {num_samples}, {max_new_tokens}")
+        ids, mask = left_pad(tokenize_prompts(self.tokenizer, prompts, self.max_prompt_tokens),
+                             self.tokenizer.pad_token_id)
+        return self.generate_from_ids(ids, mask, num_samples, max_new_tokens=max_new_tokens,
+                                      temperature=temperature, top_p=top_p)
+
+    def generate_from_ids(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_samples: int = 1, *,
+                          max_new_tokens: int | torch.Tensor, temperature: float = 1.0, top_p: float = 1.0,
+                          generator: torch.Generator | None = None) -> Rollout:
+        """Like generate, from left-padded token ids (B,P) and their mask; max_new_tokens may be (B,) limits.
+
+        vLLM's prefix cache serves prompts that share a prefix (a response's branches, say).
+        """
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
-        ours = tokenize_prompts(self.tokenizer, prompts, self.max_prompt_tokens)
-        params = self._sampling_params(n=num_samples, max_tokens=max_new_tokens, temperature=temperature,
-                                       top_p=top_p, logprobs=0, stop_token_ids=[eos], detokenize=False)
+        ours = [row[keep].tolist() for row, keep in zip(prompt_ids.cpu(), prompt_mask.cpu().bool(), strict=True)]
+        limits = torch.as_tensor(max_new_tokens).expand(len(ours)).tolist()
+        if min(limits, default=1) < 1 or num_samples < 1:
+            raise ValueError(f"num_samples and max_new_tokens must be >= 1, got {num_samples}, {min(limits)}")
+        params = [self._sampling_params(n=num_samples, max_tokens=int(limit), temperature=temperature, top_p=top_p,
+                                        logprobs=0, stop_token_ids=[eos], detokenize=False) for limit in limits]
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in ours], params, use_tqdm=False)
         used = [list(o.prompt_token_ids) for o in outputs]
         if used != ours:
@@ -100,13 +120,26 @@ class VLLMEngine:
             response_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
             sampler_logprobs[i, : len(row)] = torch.tensor([c.logprobs[t][tok].logprob for t, tok in enumerate(row)])
         response_mask = torch.arange(width) < torch.tensor([len(r) for r in rows]).unsqueeze(1)
-        prompt_ids, prompt_mask = left_pad(used, pad)
         truncated = torch.tensor([c.finish_reason == "length" for c in completions])
         device = next(self.model.parameters()).device
         return Rollout(
             prompt_ids.repeat_interleave(num_samples, 0).to(device),
-            prompt_mask.repeat_interleave(num_samples, 0).to(device),
+            prompt_mask.bool().repeat_interleave(num_samples, 0).to(device),
             response_ids.to(device), response_mask.to(device),
             self.tokenizer.batch_decode(response_ids, skip_special_tokens=True), truncated.to(device),
             group_size=num_samples, sampler_logprobs=sampler_logprobs.to(device),
         )
+
+
+def weight_buckets(model: torch.nn.Module, max_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
+    """The model's (name, tensor) pairs in order, grouped into buckets of at most max_bytes (one larger tensor alone)."""
+    buckets: list[list[tuple[str, torch.Tensor]]] = [[]]
+    size = 0
+    for name, p in model.named_parameters():
+        nbytes = p.numel() * p.element_size()
+        if buckets[-1] and size + nbytes > max_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append((name, p.detach()))
+        size += nbytes
+    return [b for b in buckets if b]

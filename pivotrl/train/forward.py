@@ -16,15 +16,14 @@ def shared_prompt_rows(rollout: Rollout, rows: Tensor) -> tuple[Tensor, Tensor] 
     Rows of one group share their prompt by construction; this is checked, and any
     mismatch (a hand-built rollout) returns None so the caller runs every row in full.
     """
-    if rollout.group_size < 2 or rollout.prompt_ids.shape[1] < 2:
+    if rollout.prompt_ids.shape[1] < 2:
         return None
-    groups, inverse = torch.unique(rollout.group_index[rows.cpu()], return_inverse=True)
+    groups, inverse = torch.unique(rollout.group_index[rows], return_inverse=True)
     if len(groups) == len(rows):
         return None
-    first = torch.full((len(groups),), len(rows), dtype=torch.long).scatter_reduce(
-        0, inverse, torch.arange(len(rows)), reduce="amin")
-    leaders = rows[first.to(rows.device)]
-    inverse = inverse.to(rows.device)
+    first = torch.full((len(groups),), len(rows), dtype=torch.long, device=rows.device).scatter_reduce(
+        0, inverse, torch.arange(len(rows), device=rows.device), reduce="amin")
+    leaders = rows[first]
     same = torch.equal(rollout.prompt_ids[rows], rollout.prompt_ids[leaders][inverse]) and torch.equal(
         rollout.prompt_mask[rows], rollout.prompt_mask[leaders][inverse])
     return (leaders, inverse) if same else None

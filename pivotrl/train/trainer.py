@@ -42,9 +42,9 @@ from pivotrl.algorithms import (
     compute_policy_loss,
     default_loss_agg_mode,
     estimator_diagnostics,
-    estimator_requirements,
-    loss_requirements,
+    loss_denominators,
 )
+from pivotrl.algorithms.registry import Entry, Registry, unknown
 from pivotrl.evaluation import evaluate_policy
 from pivotrl.modeling.policy import describe, frozen_copy, load_policy
 from pivotrl.rewards.safe import safe_score
@@ -63,18 +63,22 @@ from pivotrl.train.sampler_check import SamplerCheck, logprob_diff
 def preflight(config: RunConfig) -> tuple[frozenset[str], frozenset[str]]:
     """Check the algorithm section before anything is loaded; return (estimator, loss) requirements."""
     alg = config.algorithm
-    if alg.estimator not in ESTIMATORS:
-        raise ConfigError(f"algorithm.estimator={alg.estimator!r} is unknown; known: {', '.join(sorted(ESTIMATORS))}")
-    if alg.policy_loss not in POLICY_LOSSES:
-        raise ConfigError(f"algorithm.policy_loss={alg.policy_loss!r} is unknown; known: {', '.join(sorted(POLICY_LOSSES))}")
+
+    def lookup(key: str, registry: Registry) -> Entry:
+        try:
+            return registry.lookup(getattr(alg, key))
+        except ValueError as err:
+            raise ConfigError(f"algorithm.{key}: {err}") from None
+
+    estimator, loss = lookup("estimator", ESTIMATORS), lookup("policy_loss", POLICY_LOSSES)
     if alg.loss_agg_mode is not None and alg.loss_agg_mode not in LOSS_AGG_MODES:
-        raise ConfigError(f"algorithm.loss_agg_mode={alg.loss_agg_mode!r} is unknown; known: {', '.join(LOSS_AGG_MODES)}")
+        raise ConfigError(f"algorithm.loss_agg_mode: {unknown('loss_agg_mode', alg.loss_agg_mode, LOSS_AGG_MODES)}")
     try:
-        est_needs = estimator_requirements(alg.estimator, **alg.estimator_kwargs)
+        est_needs = estimator.requirements(alg.estimator_kwargs)
     except ValueError as err:
         raise ConfigError(f"algorithm.estimator_kwargs: {err}") from None
     try:
-        loss_needs = loss_requirements(alg.policy_loss, **alg.loss_kwargs)
+        loss_needs = loss.requirements(alg.loss_kwargs)
     except ValueError as err:
         raise ConfigError(f"algorithm.loss_kwargs: {err}") from None
     if "entropies_new" in loss_needs and config.train.ppo_epochs * config.train.num_minibatches == 1:
@@ -97,13 +101,6 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, cache: int) -> torch.T
     start = max_len - cache
     penalty = (start - lengths.to(torch.float32)) / cache
     return torch.where(lengths <= start, 0.0, torch.where(lengths > max_len, -1.0, penalty))
-
-
-def _rows(batch: TokenBatch, rows: torch.Tensor) -> TokenBatch:
-    """The responses `rows` of a batch."""
-    pick = lambda x: None if x is None else x[rows]  # noqa: E731
-    return TokenBatch(batch.rewards[rows], batch.group_index[rows], batch.response_mask[rows],
-                      batch.old_logprobs[rows], pick(batch.ref_logprobs), pick(batch.entropies))
 
 
 def _mean_metrics(items: list[dict[str, float]]) -> dict[str, float]:
@@ -204,6 +201,7 @@ class Trainer:
         if cfg.rollout.engine == "vllm":
             engine_options.update(gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, seed=cfg.train.seed)
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, **engine_options)
+        self.device = next(self.model.parameters()).device
         self.sampler_check = SamplerCheck(cfg.rollout.max_logprob_diff, cfg.rollout.logprob_diff_patience)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr, betas=cfg.train.adam_betas,
                                            weight_decay=cfg.train.weight_decay)
@@ -257,7 +255,7 @@ class Trainer:
     def collect(self) -> tuple[Rollout, torch.Tensor, torch.Tensor, dict[str, float]]:
         """Rollouts, shaped rewards (N,) and raw verifier scores (N,), with DAPO dynamic sampling."""
         r = self.config.rollout
-        parts, score_parts, kept_groups, sampled_groups, rounds = [], [], 0, 0, 0
+        parts, score_parts, kept_groups, sampled_groups, rounds, generated = [], [], 0, 0, 0, 0
         while True:
             need = r.prompts_per_step - kept_groups if r.dynamic_sampling else r.prompts_per_step
             problems = self.next_problems(need)
@@ -266,6 +264,7 @@ class Trainer:
             scores = torch.tensor([safe_score(self.task.verifier, text, problems[i // r.group_size].answer)
                                    for i, text in enumerate(rollout.texts)], dtype=torch.float32)
             sampled_groups += len(problems)
+            generated += int(rollout.response_mask.sum())
             if r.dynamic_sampling:
                 grouped = scores.view(-1, r.group_size)
                 mixed = (grouped.max(dim=1).values != grouped.min(dim=1).values).nonzero().squeeze(1)
@@ -278,7 +277,8 @@ class Trainer:
             rounds += 1
             if not r.dynamic_sampling or kept_groups >= r.prompts_per_step or rounds > r.max_resample_rounds:
                 break
-        info = {"rollout/sampled_groups": float(sampled_groups), "rollout/rounds": float(rounds)}
+        info = {"rollout/sampled_groups": float(sampled_groups), "rollout/rounds": float(rounds),
+                "rollout/tokens_generated": float(generated)}
         if not parts:
             return None, None, None, info
         rollout = concat_rollouts(parts, self.tokenizer.pad_token_id)
@@ -311,40 +311,95 @@ class Trainer:
         t = self.config.train
         return t.ppo_epochs == 1 and t.num_minibatches == 1 and (t.micro_batch_size is None or t.micro_batch_size >= n)
 
+    def _sync(self) -> None:
+        """Wait for the GPU's queued work, so that a phase's time is its own."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def train_step(self) -> dict[str, Any]:
-        """One RLVR step; returns its metrics."""
-        cfg, alg = self.config, self.config.algorithm
+        """One RLVR step, in the phases of the module docstring; returns its metrics."""
         start = time.perf_counter()
-        lr = cfg.train.lr * self._lr_factor(self.step)
+        lr = self.config.train.lr * self._lr_factor(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+
+        # 1. rollout: G responses to each of P prompts, scored by the task's verifier
         rollout, rewards, scores, info = self.collect()
-        metrics: dict[str, Any] = {"step": self.step + 1, "lr": lr, **info}
+        info = {"step": self.step + 1, "lr": lr, **info}
         if rollout is None:  # dynamic sampling found no group with mixed rewards
-            metrics.update({"skipped": True, "time/step_s": time.perf_counter() - start})
-            return metrics
+            return {**info, "skipped": True, "time/step_s": time.perf_counter() - start}
+        self._sync()
+        return self.learn_from(rollout, rewards, scores, {**info, "time/rollout_s": time.perf_counter() - start})
+
+    def learn_from(self, rollout: Rollout, rewards: torch.Tensor, scores: torch.Tensor,
+                   metrics: dict[str, Any]) -> dict[str, Any]:
+        """Phases 2-4 of a step on a scored rollout; returns `metrics` with the step's added."""
+        alg = self.config.algorithm
+        start = time.perf_counter()
+
+        # 2. forwards: ℓ^ref, then ℓ^old and H of the policy before any update
+        batch, kept = self.token_batch(rollout, rewards)
+        if rollout.sampler_logprobs is not None:  # does the engine sample from this policy?
+            metrics["rollout/logprob_diff"] = logprob_diff(rollout.sampler_logprobs, batch.old_logprobs,
+                                                           batch.response_mask)
+            self.sampler_check.observe(metrics["rollout/logprob_diff"], self.step + 1)
+        self._sync()
+        t_forward = time.perf_counter()
+
+        # 3. estimator: the token advantages (N,T)
+        advantages = compute_advantages(alg.estimator, batch, **alg.estimator_kwargs)
+        self._sync()
+        t_estimator = time.perf_counter()
+
+        # 4. updates: ppo_epochs x minibatches, every row once per epoch
+        update = self.update(rollout, batch, advantages, kept)
+        self._sync()
+        end = time.perf_counter()
+
+        step_s = metrics.get("time/rollout_s", 0.0) + end - start
+        metrics.update({
+            "rollout/rows": float(batch.num_responses),
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            "accuracy": float((scores >= 1.0).float().mean()),
+            "truncated/frac": float(rollout.truncated.float().mean()),
+            **estimator_diagnostics(batch, advantages),
+            **update,
+            "time/forward_s": t_forward - start,
+            "time/estimator_s": t_estimator - t_forward,
+            "time/update_s": end - t_estimator,
+            "time/step_s": step_s,
+            "tokens_per_s": float(batch.lengths.sum()) / step_s if step_s > 0 else 0.0,
+        })
+        return metrics
+
+    def token_batch(self, rollout: Rollout, rewards: torch.Tensor) -> tuple[TokenBatch, tuple | None]:
+        """The TokenBatch of a scored rollout (ℓ^ref when the method reads it; ℓ^old and H always), and
+        the single forward's (ℓ^θ, H^θ) with their graph when one forward serves the update too."""
         device = rollout.response_ids.device
-        mask = rollout.response_mask
-        n = mask.shape[0]
-        rewards, group_index = rewards.to(device), rollout.group_index.to(device)
-        self.model.train()
-        # ℓ^ref (no entropies needed), then ℓ^old and H of the policy before any update
-        ref_lp = self._forward_all_no_grad(self.ref, rollout, entropies=False)[0] if self.ref is not None else None
-        shared = self._forward(self.model, rollout) if self._single_forward(n) else None
-        if shared is not None:
-            old_lp, entropies = shared[0].detach(), shared[1].detach()
+        needs_ref = "ref_logprobs" in self.est_needs | self.loss_needs
+        ref_lp = self._forward_all_no_grad(self.ref, rollout, entropies=False)[0] if needs_ref else None
+        kept = self._forward(self.model, rollout) if self._single_forward(rollout.response_ids.shape[0]) else None
+        if kept is not None:
+            old_lp, entropies = kept[0].detach(), kept[1].detach()
         else:
             old_lp, entropies = self._forward_all_no_grad(self.model, rollout)
-        if rollout.sampler_logprobs is not None:  # does the engine sample from this policy?
-            metrics["rollout/logprob_diff"] = logprob_diff(rollout.sampler_logprobs, old_lp, mask)
-            self.sampler_check.observe(metrics["rollout/logprob_diff"], self.step + 1)
-        batch = TokenBatch(rewards, group_index, mask, old_lp, ref_lp, entropies)
-        t_est = time.perf_counter()
-        advantages = compute_advantages(alg.estimator, batch, **alg.estimator_kwargs)
-        est_time = time.perf_counter() - t_est
+        batch = TokenBatch(rewards.to(device), rollout.group_index.to(device), rollout.response_mask, old_lp,
+                           ref_logprobs=ref_lp, entropies=entropies)
+        return batch, kept
 
-        # ppo_epochs x minibatches x micro-batches; every row is trained on once per epoch
+    def update(self, rollout: Rollout, batch: TokenBatch, advantages: torch.Tensor,
+               kept: tuple | None) -> dict[str, float]:
+        """ppo_epochs x minibatches x micro-batches of policy forward, loss, backward and AdamW step.
+
+        Every row is trained on once per epoch (the last minibatch may be smaller); the
+        micro-batches of a minibatch share its loss denominators, so their gradients sum to
+        the minibatch's. `kept` is the single forward of token_batch, used instead of a new one.
+        """
+        cfg, alg = self.config, self.config.algorithm
         mode = alg.loss_agg_mode or default_loss_agg_mode(alg.policy_loss)
+        n = batch.num_responses
+        device = batch.response_mask.device
         micro = cfg.train.micro_batch_size or n
         loss_metrics: list[dict[str, float]] = []
         grad_norms: list[float] = []
@@ -356,58 +411,27 @@ class Trainer:
             for rows in order.tensor_split(cfg.train.num_minibatches):
                 if len(rows) == 0:  # fewer rows than minibatches
                     continue
-                sub_mask = mask[rows]
-                n_tokens = max(int(sub_mask.sum()), 1)
-                n_seqs = len(rows) if mode == "seq-mean-token-sum-norm" else max(int((sub_mask.sum(1) > 0).sum()), 1)
+                denominators = loss_denominators(batch.response_mask[rows], mode)
                 self.optimizer.zero_grad(set_to_none=True)
                 total = 0.0
                 for part in rows.split(micro):
-                    if shared is not None:  # the single forward above, with its graph
-                        logprobs, entropies_new = shared[0][part], shared[1][part]
-                    else:
-                        logprobs, entropies_new = self._forward(self.model, rollout, part)
+                    logprobs, entropies_new = (kept[0][part], kept[1][part]) if kept is not None else \
+                        self._forward(self.model, rollout, part)
                     loss, lm = compute_policy_loss(
-                        alg.policy_loss, _rows(batch, part), advantages=advantages[part], logprobs=logprobs,
-                        entropies_new=entropies_new, loss_agg_mode=mode, max_len=mask.shape[1],
-                        global_num_tokens=n_tokens, global_num_seqs=n_seqs, **alg.loss_kwargs)
+                        alg.policy_loss, batch.select(part), advantages=advantages[part], logprobs=logprobs,
+                        entropies_new=entropies_new, loss_agg_mode=mode, max_len=batch.response_mask.shape[1],
+                        **denominators, **alg.loss_kwargs)
                     loss.backward()
                     total += float(loss.detach())
                     loss_metrics.append(lm)
                 bad |= self._clip_and_step(total, grad_norms)
                 rows_per_epoch += len(rows)
         self.nan_steps = self.nan_steps + 1 if bad else 0
-        elapsed = time.perf_counter() - start
-        lengths = mask.sum(dim=1).float()
-        diag = estimator_diagnostics(batch, advantages)
-        lm = _mean_metrics(loss_metrics)
-        n_tokens = float(lengths.sum())
-        metrics.update({
-            "rollout/rows": float(n),
-            "reward/mean": float(rewards.mean()),
-            "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-            "accuracy": float((scores >= 1.0).float().mean()),
-            "response_length/mean": float(lengths.mean()),
-            "response_length/max": float(lengths.max()),
-            "truncated/frac": float(rollout.truncated.float().mean()),
-            "entropy/mean": diag.get("entropy/mean", float("nan")),
-            "pivots/frac": diag.get("pivots/frac", float("nan")),
-            "clip/frac": lm.get("clip/frac", 0.0),
-            "kl/mean": lm.get("kl/old_approx", 0.0),
-            "loss": lm.get("loss", float("nan")),
-            "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
-            "train/rows_per_epoch": float(rows_per_epoch),
-            "train/updates": float(len(grad_norms)),
-            "time/step_s": elapsed,
-            "time/estimator_s": est_time,
-            "tokens_per_s": n_tokens / elapsed if elapsed > 0 else 0.0,
-            **{f"diag/{k}": v for k, v in diag.items()},
-            **{f"loss/{k}": v for k, v in lm.items() if k != "loss"},
-        })
-        if "kl/ref" in lm:
-            metrics["kl/ref"] = lm["kl/ref"]
+        out = {**_mean_metrics(loss_metrics), "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
+               "train/rows_per_epoch": float(rows_per_epoch), "train/updates": float(len(grad_norms))}
         if bad:
-            metrics["skipped"] = True
-        return metrics
+            out["skipped"] = True
+        return out
 
     def _clip_and_step(self, loss_value: float, grad_norms: list[float]) -> bool:
         """Clip and apply the gradients; skip the update (True) when the loss or gradient is not finite."""
