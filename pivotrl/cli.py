@@ -197,6 +197,7 @@ def analyze(
     perturbations: Annotated[int, typer.Option(help="Perturbed positions per side")] = 200,
     max_new_tokens: Annotated[int, typer.Option(help="Longest response")] = 34,
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
+    engine: Annotated[str, typer.Option(help="Rollout engine: hf, or vllm (one GPU)")] = "hf",
     output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Where entropy.png, tokens.html, pivots.json go")] = Path("runs/analyze"),
 ) -> None:
     """Pivot analysis of a policy: entropy histogram, token heat-map, perturbation test at forks."""
@@ -212,7 +213,7 @@ def analyze(
         problems = the_task.problems("test")[:num_problems]
         policy, tokenizer = load_policy(model)
         ref_model = frozen_copy(load_policy(ref)[0]) if ref else None
-        result = analyze_policy(policy, tokenizer, make_engine("hf", policy, tokenizer), the_task, problems,
+        result = analyze_policy(policy, tokenizer, make_engine(engine, policy, tokenizer), the_task, problems,
                                 [the_task.format_prompt(p) for p in problems], output_dir, estimator=estimator,
                                 group_size=group_size, max_new_tokens=max_new_tokens, top_percent=top_percent,
                                 num_perturbations=perturbations, seed=seed, ref_model=ref_model)
@@ -236,6 +237,7 @@ def credit(
     html_estimators: Annotated[str, typer.Option(help="Comma-separated estimators shown in tokens.html")] = "grpo,erpo",
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
     threads: Annotated[int, typer.Option(min=1, help="torch threads")] = 1,
+    engine: Annotated[str, typer.Option(help="Rollout engine: hf, or vllm (one GPU)")] = "hf",
     output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Where credit.json, report.md, plots, tokens.html go")] = Path("runs/credit"),
 ) -> None:
     """Token advantages of every estimator against Monte-Carlo ground truth A* = V(t+1) - V(t)."""
@@ -256,7 +258,7 @@ def credit(
         problems = the_task.problems("test")[:num_problems]
         policy, tokenizer = load_policy(model)
         ref_model = frozen_copy(load_policy(ref)[0]) if ref else None
-        result = run_credit(policy, tokenizer, make_engine("hf", policy, tokenizer), the_task, problems,
+        result = run_credit(policy, tokenizer, make_engine(engine, policy, tokenizer), the_task, problems,
                             [the_task.format_prompt(p) for p in problems], output_dir, model_name=model,
                             task_name=task, ref_model=ref_model, ref_name=ref, group_size=group_size, k=k,
                             max_new_tokens=max_new_tokens, temperature=temperature, positions_per_decile=positions,

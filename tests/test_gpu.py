@@ -87,3 +87,13 @@ def test_vllm_engine_samples_the_synced_weights_and_only_those() -> None:
     print(f"logprob_diff synced {synced:.2e}, stale {stale:.2e}, re-synced {resynced:.2e}")
     assert synced < 1e-3 and resynced < 1e-3
     assert stale > 0.05
+
+
+@needs_vllm
+def test_credit_runs_on_the_vllm_engine(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "pivotrl.cli", "credit", "--model", "tiny", "--task", "countdown", "-n", "2", "-g", "2",
+           "-k", "4", "--positions", "2", "--engine", "vllm", "-o", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads((tmp_path / "credit.json").read_text())
+    assert result["summary"]["positions"] > 0 and "grpo" in result["estimators"]
