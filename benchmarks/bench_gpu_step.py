@@ -296,15 +296,14 @@ def main() -> None:
         decode_ms: float | None = None  # per decode step, from the last rollout: sizes the next one
         folders: dict[str, Path] = {}
         for name, shape in shapes.items():
-            folder = tmp / name
             try:
-                params = build_model(shape, folder, device, getattr(torch, dtype), vocab)
+                params = build_model(shape, tmp / name, device, getattr(torch, dtype), vocab)
                 report.data.setdefault("models", {})[name] = {**shape, "vocab_size": vocab, "parameters": params}
-                folders[name] = folder
+                folders[name] = tmp / name
             except Exception:  # noqa: BLE001 - recorded, and the next measurement still runs
                 report.error(f"build {name}")
-                continue
-            for length in lengths:
+        for length in lengths:  # the shorter responses of every size first
+            for name, folder in folders.items():
                 expected = 20 + (decode_ms or 30) * length / 1000 * 1.6
                 if not report.fits(expected, f"{name}@{length}"):
                     continue

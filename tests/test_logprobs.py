@@ -280,7 +280,7 @@ def _bad_cases() -> list[tuple[str, dict[str, object], str]]:
     ]
 
 
-@pytest.mark.parametrize(("case", "kwargs", "match"), _bad_cases(), ids=lambda x: str(x)[:30])
+@pytest.mark.parametrize(("case", "kwargs", "match"), _bad_cases(), ids=[c[0] for c in _bad_cases()])
 def test_bad_inputs_raise_value_error(case: str, kwargs: dict[str, object], match: str) -> None:
     labels = kwargs.pop("labels")
     with pytest.raises(ValueError, match=match):

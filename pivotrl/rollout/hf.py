@@ -35,6 +35,18 @@ def sample_next(
     return token, (probs.gather(-1, token.unsqueeze(-1)).squeeze(-1) / probs.sum(dim=-1)).log()
 
 
+def generator_on(device: torch.device, generator: torch.Generator | None) -> torch.Generator | None:
+    """`generator` where it can draw on `device`; else a generator there, seeded from one draw of it.
+
+    torch samples on a CUDA tensor only with a CUDA generator; callers keep one CPU generator
+    (saved in checkpoints), which this way still fixes, and advances with, every sample.
+    """
+    if generator is None or generator.device.type == device.type:
+        return generator
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 class _GrowingLayer:
     """Mixin for transformers' DynamicLayer: new keys/values go into spare capacity instead of a torch.cat.
 
@@ -153,6 +165,7 @@ class HFEngine:
         there (truncated, if no EOS came first).
         """
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        generator = generator_on(prompt_ids.device, generator)
         limits = torch.as_tensor(max_new_tokens, device=prompt_ids.device).expand(prompt_ids.shape[0])
         if bool((limits < 1).any()):
             raise ValueError(f"max_new_tokens must be >= 1, got {limits.min().item()}")
