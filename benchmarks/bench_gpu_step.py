@@ -98,6 +98,22 @@ def reset_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def warm_gpu(device: torch.device, seconds: float = 5.0) -> None:
+    """Busy the GPU with bf16 matrix products for `seconds` before timing anything.
+
+    In the first run (docs/PERFORMANCE.md, 2026-12-04) the same rollout took 45 s at the start and
+    about 15 s after forward-backward work; a clock still ramping up is one candidate.
+    """
+    if device.type != "cuda":
+        return
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize(device)
+
+
 def build_model(shape: dict[str, Any], folder: Path, device: torch.device, dtype: torch.dtype, vocab: int) -> int:
     """A random-weight Llama of `shape` with pivotrl's character tokenizer, saved to `folder`; its parameter count."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -302,6 +318,7 @@ def main() -> None:
                 folders[name] = tmp / name
             except Exception:  # noqa: BLE001 - recorded, and the next measurement still runs
                 report.error(f"build {name}")
+        warm_gpu(device)
         for length in lengths:  # the shorter responses of every size first
             for name, folder in folders.items():
                 expected = 20 + (decode_ms or 30) * length / 1000 * 1.6

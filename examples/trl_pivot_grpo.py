@@ -58,7 +58,7 @@ def main() -> None:
             beta=0.04,                               # > 0: TRL builds the reference model ERPO reads
             num_generations=4, per_device_train_batch_size=8, max_completion_length=6,
             max_steps=3, learning_rate=5e-3, logging_steps=1, report_to="none", save_strategy="no",
-            bf16=False, activation_checkpointing=False, use_cpu=True, seed=0, disable_tqdm=True,
+            bf16=False, gradient_checkpointing=False, use_cpu=True, seed=0, disable_tqdm=True,
         )
         trainer = PivotGRPOTrainer(
             model=folder, reward_funcs=says_a, args=args, processing_class=tokenizer,

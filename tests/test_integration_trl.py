@@ -102,7 +102,7 @@ def make_config(tmp_path, **kwargs) -> PivotGRPOConfig:
     base = dict(
         output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=8, num_generations=4,
         max_completion_length=6, learning_rate=5e-3, logging_steps=1, report_to="none", save_strategy="no",
-        bf16=False, activation_checkpointing=False, use_cpu=True, seed=0, dataloader_num_workers=0,
+        bf16=False, gradient_checkpointing=False, use_cpu=True, seed=0, dataloader_num_workers=0,
         disable_tqdm=True,
     )
     base.update(kwargs)
@@ -189,7 +189,7 @@ def test_ppo_token_mean_equals_trls_dapo_loss(tiny_model_dir, tmp_path):
 
     common = dict(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4, max_completion_length=6,
-        report_to="none", bf16=False, activation_checkpointing=False, use_cpu=True, seed=0,
+        report_to="none", bf16=False, gradient_checkpointing=False, use_cpu=True, seed=0,
     )
     ours = PivotGRPOTrainer(
         model=tiny_model_dir, reward_funcs=reward_a, train_dataset=dataset(), processing_class=build_tokenizer(),

@@ -128,7 +128,7 @@ def test_a_sampler_with_other_weights_stops_the_run_after_the_patience(tmp_path:
                                              "rollout.logprob_diff_patience=3", "checkpoint.every=1"])
     trainer = Trainer(cfg)
     # a real second model: same architecture, other initial weights
-    other = build_tiny_model(trainer.tokenizer, seed=1, **cfg.model.arch)
+    other = build_tiny_model(trainer.tokenizer, seed=1, **cfg.model.arch).to(trainer.device)
     trainer.engine = HFEngine(other, trainer.tokenizer)
     with pytest.raises(SamplerMismatch, match=r"above rollout\.max_logprob_diff = 0\.02 for 3 consecutive steps"):
         trainer.run()

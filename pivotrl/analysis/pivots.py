@@ -34,6 +34,7 @@ from pivotrl.algorithms import TokenBatch, compute_advantages, estimator_require
 from pivotrl.modeling.policy import lm_parts, positions_from_mask  # noqa: E402
 from pivotrl.rewards.safe import safe_score  # noqa: E402
 from pivotrl.rollout import Rollout, RolloutEngine  # noqa: E402
+from pivotrl.rollout.hf import generator_on  # noqa: E402
 from pivotrl.train.forward import response_logprobs  # noqa: E402
 
 
@@ -160,7 +161,8 @@ def perturb(engine: RolloutEngine, model: torch.nn.Module, rollout: Rollout, pos
         at = hidden[torch.arange(len(rows)), width - 1 + ts]
         logits = head(at).float() / max(temperature, 1e-6)
         logits[torch.arange(len(rows)), original] = -math.inf
-        replacement = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(1)
+        replacement = torch.multinomial(torch.softmax(logits, dim=-1), 1,
+                                        generator=generator_on(logits.device, generator)).squeeze(1)
     # new prompt = prompt + response[:t] + replacement, left-padded again
     prefix_len = width + ts + 1
     longest = int(prefix_len.max())
