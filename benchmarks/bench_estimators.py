@@ -26,6 +26,7 @@ def random_batch(n: int, t: int, group_size: int, seed: int = 0) -> TokenBatch:
         old_logprobs=-torch.rand(n, t, generator=g) * 3,
         ref_logprobs=-torch.rand(n, t, generator=g) * 3,
         entropies=torch.rand(n, t, generator=g) * 3,
+        pivot_values=torch.where(torch.rand(n, t, generator=g) < 4 / t, torch.rand(n, t, generator=g), torch.nan),
     )
 
 

@@ -165,7 +165,7 @@ def measure_methods(report: Report, name: str, folder: Path, length: int, args: 
     reset_peak(device)
     sync(device)
     start = time.perf_counter()
-    rollout, rewards, scores, _ = trainer.collect()
+    rollout, rewards, scores, answers, _ = trainer.collect()
     sync(device)
     rollout_s = time.perf_counter() - start
     tokens = int(rollout.response_mask.sum())
@@ -178,7 +178,7 @@ def measure_methods(report: Report, name: str, folder: Path, length: int, args: 
         trainer.config = cfg  # only the algorithm differs between methods
         trainer.est_needs, trainer.loss_needs = preflight(cfg)
         reset_peak(device)
-        metrics = trainer.learn_from(rollout, rewards, scores, {"time/rollout_s": rollout_s})
+        metrics = trainer.learn_from(rollout, rewards, scores, answers, {"time/rollout_s": rollout_s})
         if method == "warm-up":
             entry["logprob_diff_bf16"] = metrics.get("rollout/logprob_diff")
             continue

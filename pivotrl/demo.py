@@ -24,6 +24,8 @@ def toy_batch(seed: int = 0) -> TokenBatch:
         old_logprobs=old,
         ref_logprobs=old - 0.3 * torch.rand(8, 12, generator=g),
         entropies=entropies,
+        # V̂ before the fork from branches sampled there (pivot_mc): group 0 half right, group 1 all right
+        pivot_values=torch.where(torch.arange(12) == 3, torch.tensor([0.5] * 4 + [1.0] * 4).unsqueeze(1), torch.nan),
     )
 
 

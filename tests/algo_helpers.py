@@ -47,11 +47,10 @@ def random_batch(
     lengths[0] = width
     mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
     rewards = (torch.rand(n, generator=g) < 0.5).to(dtype) if binary else torch.rand(n, generator=g, dtype=dtype)
-    return TokenBatch(
-        rewards=rewards,
-        group_index=torch.arange(n) // group_size,
-        response_mask=mask,
-        old_logprobs=-torch.rand(n, width, generator=g, dtype=dtype) * 2,
-        ref_logprobs=-torch.rand(n, width, generator=g, dtype=dtype) * 2,
-        entropies=torch.rand(n, width, generator=g, dtype=dtype) * 3,
-    )
+    old = -torch.rand(n, width, generator=g, dtype=dtype) * 2
+    ref = -torch.rand(n, width, generator=g, dtype=dtype) * 2
+    entropies = torch.rand(n, width, generator=g, dtype=dtype) * 3
+    cuts = torch.rand(n, width, generator=g) < 0.25  # pivots with branch values, for pivot_mc
+    values = torch.where(cuts, torch.rand(n, width, generator=g, dtype=dtype), torch.nan)
+    return TokenBatch(rewards=rewards, group_index=torch.arange(n) // group_size, response_mask=mask,
+                      old_logprobs=old, ref_logprobs=ref, entropies=entropies, pivot_values=values)

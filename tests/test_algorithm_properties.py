@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import replace
 
 import pytest
 import torch
@@ -25,8 +26,7 @@ batches = st.builds(
 
 
 def permuted(batch: TokenBatch, perm: torch.Tensor) -> TokenBatch:
-    return TokenBatch(batch.rewards[perm], batch.group_index[perm], batch.response_mask[perm],
-                      batch.old_logprobs[perm], batch.ref_logprobs[perm], batch.entropies[perm])
+    return batch.select(perm)
 
 
 @PROFILE
@@ -69,8 +69,7 @@ def test_all_equal_group_gives_erpo_exactly_zero(batch: TokenBatch, reward: floa
     # one group of >= 2 responses (a singleton keeps the mean-0 / std-1 convention)
     if batch.num_responses < 2:
         return
-    same = TokenBatch(torch.full_like(batch.rewards, reward), torch.zeros_like(batch.group_index), batch.response_mask,
-                      batch.old_logprobs, batch.ref_logprobs, batch.entropies)
+    same = replace(batch, rewards=torch.full_like(batch.rewards, reward), group_index=torch.zeros_like(batch.group_index))
     assert torch.equal(compute_advantages("erpo", same), torch.zeros_like(same.old_logprobs))
     # EP-GRPO's fallback anchor: the process term's sign follows sgn(r - 0.5) times s̃ (never the opposite)
     ep = compute_advantages("ep_grpo", same, gate=False)
@@ -80,8 +79,7 @@ def test_all_equal_group_gives_erpo_exactly_zero(batch: TokenBatch, reward: floa
 
 def test_ep_grpo_all_correct_group_is_nonzero() -> None:
     batch = random_batch(n_groups=1, group_size=8, width=40, seed=1)
-    ones = TokenBatch(torch.ones(8, dtype=torch.float64), batch.group_index, batch.response_mask,
-                      batch.old_logprobs, batch.ref_logprobs, batch.entropies)
+    ones = replace(batch, rewards=torch.ones(8, dtype=torch.float64))
     assert compute_advantages("ep_grpo", ones).abs().sum() > 1.0
     assert torch.equal(compute_advantages("erpo", ones), torch.zeros_like(ones.old_logprobs))
 
@@ -151,8 +149,7 @@ def test_erpo_and_ep_grpo_match_the_loop_reference(batch: TokenBatch, K: int) ->
 @pytest.mark.parametrize("name", sorted(ESTIMATORS))
 def test_group_labels_need_not_be_contiguous(name: str) -> None:
     batch = random_batch(seed=4)
-    relabelled = TokenBatch(batch.rewards, batch.group_index * 1000 - 7, batch.response_mask,
-                            batch.old_logprobs, batch.ref_logprobs, batch.entropies)
+    relabelled = replace(batch, group_index=batch.group_index * 1000 - 7)
     assert torch.equal(compute_advantages(name, relabelled), compute_advantages(name, batch))
 
 
@@ -189,8 +186,8 @@ def with_mask(batch: TokenBatch, mask: torch.Tensor, padding: float = 0.0) -> To
     """batch with another mask; the token fields hold `padding` (e.g. NaN) off the mask."""
     def fill(x: torch.Tensor | None) -> torch.Tensor | None:
         return None if x is None else torch.where(mask, x, padding)
-    return TokenBatch(batch.rewards, batch.group_index, mask, fill(batch.old_logprobs),
-                      fill(batch.ref_logprobs), fill(batch.entropies))
+    return replace(batch, response_mask=mask, old_logprobs=fill(batch.old_logprobs), ref_logprobs=fill(batch.ref_logprobs),
+                   entropies=fill(batch.entropies), pivot_values=fill(batch.pivot_values))
 
 
 def holed(batch: TokenBatch, seed: int) -> TokenBatch:
@@ -247,5 +244,6 @@ def test_masked_quantile_ignores_padding_values(dtype: torch.dtype) -> None:
 def test_empty_batches_give_empty_advantages(name: str, shape: tuple[int, int]) -> None:
     n, width = shape
     batch = TokenBatch(torch.rand(n), torch.arange(n) // 2, torch.ones(n, width, dtype=torch.bool),
-                       torch.rand(n, width), torch.rand(n, width), torch.rand(n, width))
+                       torch.rand(n, width), torch.rand(n, width), torch.rand(n, width),
+                       pivot_values=torch.full((n, width), torch.nan))
     assert compute_advantages(name, batch).shape == shape

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import replace
 
 import pytest
 import torch
@@ -219,8 +220,8 @@ def test_float64_in_float64_out_and_float32_in_float32_out(name: str) -> None:
 
 def test_bfloat16_logprobs_are_promoted_with_float32_rewards() -> None:
     b = random_batch(dtype=torch.float32)
-    half = TokenBatch(b.rewards, b.group_index, b.response_mask, b.old_logprobs.bfloat16(),
-                      b.ref_logprobs.bfloat16(), b.entropies.bfloat16())
+    half = replace(b, old_logprobs=b.old_logprobs.bfloat16(), ref_logprobs=b.ref_logprobs.bfloat16(),
+                   entropies=b.entropies.bfloat16())
     assert compute_advantages("erpo", half).dtype == torch.float32
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pivotrl.algorithms import ESTIMATORS, POLICY_LOSSES
+from pivotrl.algorithms import ESTIMATORS, POLICY_LOSSES, estimator_requirements
 from pivotrl.train.config import ConfigError, load_config
 from pivotrl.train.recipes import recipe_path
 from pivotrl.train.trainer import Trainer, TrainingAborted
@@ -36,7 +36,8 @@ def without_timings(records: list[dict]) -> list[dict]:
 
 @pytest.mark.parametrize("estimator", sorted(ESTIMATORS))
 def test_every_estimator_runs_four_steps(tmp_path: Path, estimator: str) -> None:
-    summary = Trainer(smoke(tmp_path, f"algorithm.estimator={estimator}", "eval.before_after=false")).run()
+    branching = ["rollout.branch.pivots=1"] if "pivot_values" in estimator_requirements(estimator) else []
+    summary = Trainer(smoke(tmp_path, f"algorithm.estimator={estimator}", "eval.before_after=false", *branching)).run()
     records = read_metrics(tmp_path)
     assert [r["step"] for r in records] == [1, 2, 3, 4] and summary["steps"] == 4
     for key in ("reward/mean", "reward/std", "accuracy", "response_length/mean", "entropy/mean", "pivots/frac",

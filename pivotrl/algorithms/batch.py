@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
 
 import torch
 from torch import Tensor
 
 
-def optional_field(meaning: str) -> Tensor | None:
+def optional_field(meaning: str, *, nan_means: str | None = None) -> Tensor | None:
     """An optional (N,T) float field of TokenBatch, None when absent; `meaning` names it in errors.
 
     Declaring a field this way is all it takes: validation, row selection and the
     "needs ..., which the batch does not have" errors of the registry derive from it.
+    With `nan_means`, NaN at a valid position is a value with that meaning, not an error.
     """
-    return field(default=None, metadata={"meaning": meaning})
+    return field(default=None, metadata={"meaning": meaning, "nan_means": nan_means})
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class TokenBatch:
     old_logprobs: Tensor
     ref_logprobs: Tensor | None = optional_field("the reference model's log-probs")
     entropies: Tensor | None = optional_field("the rollout policy's token entropies")
+    pivot_values: Tensor | None = optional_field(
+        "V̂ before each pivot token, from branches sampled there (rollout.branch)", nan_means="no pivot here")
 
     def __post_init__(self) -> None:
         _check_batch(self)
@@ -78,6 +81,10 @@ class TokenBatch:
         return type(self)(**{name: None if value is None else value[rows] for name, value in picked.items()})
 
 
+def fields_by_name(batch: TokenBatch | type[TokenBatch]) -> dict[str, Field]:
+    return {f.name: f for f in fields(batch)}
+
+
 def optional_fields(batch: TokenBatch | type[TokenBatch] = TokenBatch) -> dict[str, str]:
     """{name: meaning} of the optional (N,T) fields of a TokenBatch (class or instance, subclasses included)."""
     return {f.name: f.metadata["meaning"] for f in fields(batch) if "meaning" in f.metadata}
@@ -119,8 +126,10 @@ def _check_batch(b: TokenBatch) -> None:
             raise ValueError(f"{name} must be floating point, got {value.dtype}")
         if value.device != b.rewards.device:
             raise ValueError(f"{name} is on {value.device}, rewards on {b.rewards.device}")
-        if not torch.isfinite(value[mask]).all():
-            raise ValueError(f"{name} has NaN or inf at valid (mask=1) positions")
+        nan_ok = name != "old_logprobs" and fields_by_name(b)[name].metadata.get("nan_means") is not None
+        valid = value[mask]
+        if not (torch.isfinite(valid) | (torch.isnan(valid) & nan_ok)).all():
+            raise ValueError(f"{name} has {'inf' if nan_ok else 'NaN or inf'} at valid (mask=1) positions")
     for name, t in (("group_index", gi), ("response_mask", mask)):
         if t.device != b.rewards.device:
             raise ValueError(f"{name} is on {t.device}, rewards on {b.rewards.device}")

@@ -11,4 +11,19 @@ Neither submodule is imported here: each needs its engine installed.
 See docs/INTEGRATIONS.md.
 """
 
-__all__: list[str] = []
+from pivotrl.algorithms import estimator_requirements
+
+#: The optional TokenBatch fields an adapter can fill from its engine's batch.
+ADAPTER_FIELDS = frozenset({"ref_logprobs", "entropies"})
+
+
+def check_adaptable(engine: str, estimator: str, **hparams: object) -> None:
+    """ValueError when `estimator` reads a field the engine's rollouts cannot give (pivot_mc's branch values)."""
+    missing = sorted(estimator_requirements(estimator, **hparams) - ADAPTER_FIELDS)
+    if missing:
+        raise ValueError(f"estimator {estimator!r} reads {', '.join(missing)}, which {engine}'s rollouts do not "
+                         "make (they come from pivotrl's branching rollouts): it runs in pivotrl's own trainer, "
+                         "see docs/INTEGRATIONS.md")
+
+
+__all__ = ["ADAPTER_FIELDS", "check_adaptable"]

@@ -52,6 +52,7 @@ from pivotrl.algorithms import (
     estimator_requirements,
     loss_requirements,
 )
+from pivotrl.integrations import check_adaptable
 
 __all__ = ["PivotGRPOConfig", "PivotGRPOTrainer"]
 
@@ -127,7 +128,7 @@ class PivotGRPOConfig(GRPOConfig):
         self.estimator_kwargs = _as_dict("estimator_kwargs", self.estimator_kwargs)
         self.policy_loss_kwargs = _as_dict("policy_loss_kwargs", self.policy_loss_kwargs)
         # unknown names and hyperparameters raise ValueError here, not at the first step
-        estimator_requirements(self.advantage_estimator, **self.estimator_kwargs)
+        check_adaptable("TRL", self.advantage_estimator, **self.estimator_kwargs)
         loss_requirements(self.policy_loss, **self.resolved_policy_loss_kwargs())
         if self.loss_agg_mode is not None and self.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)}, got {self.loss_agg_mode!r}")

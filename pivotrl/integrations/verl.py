@@ -81,6 +81,7 @@ from pivotrl.algorithms import (
     hyperparameters,
     loss_requirements,
 )
+from pivotrl.integrations import ADAPTER_FIELDS, check_adaptable
 
 __all__ = [
     "ESTIMATOR_KWARGS_KEY",
@@ -124,9 +125,14 @@ _RECEIPTS: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.Con
 def estimator_name(verl_name: Any) -> str | None:
     """The pivotrl estimator behind a verl estimator name (``pivotrl_erpo`` -> ``erpo``), else None."""
     name = getattr(verl_name, "value", verl_name)
-    if isinstance(name, str) and name.startswith(PREFIX) and name[len(PREFIX):] in ESTIMATORS:
+    if isinstance(name, str) and name.startswith(PREFIX) and name[len(PREFIX):] in adaptable_estimators():
         return name[len(PREFIX):]
     return None
+
+
+def adaptable_estimators() -> list[str]:
+    """The pivotrl estimators verl's rollouts can feed (not pivot_mc, which needs branching rollouts)."""
+    return [name for name in ESTIMATORS if not estimator_requirements(name) - ADAPTER_FIELDS]
 
 
 def _plain(value: Any) -> Any:
@@ -319,7 +325,7 @@ def check_entropy_source(config: Any) -> None:
 
 def make_adv_estimator(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
     """verl advantage estimator running pivotrl estimator `name`; returns (advantages, returns)."""
-    ESTIMATORS.lookup(name)  # the unknown-name error, with its hint, before verl sees the name
+    check_adaptable("verl", name)  # unknown names (with the hint) and pivot_mc, before verl sees the name
 
     def estimator(
         token_level_rewards: Tensor,
@@ -594,7 +600,7 @@ def register() -> None:
     """Register pivotrl's estimators, losses and trainers in verl's registries (idempotent)."""
     from verl.trainer.ppo import core_algos
 
-    for name in ESTIMATORS:
+    for name in adaptable_estimators():
         key = PREFIX + name
         if key not in core_algos.ADV_ESTIMATOR_REGISTRY:
             core_algos.register_adv_est(key)(make_adv_estimator(name))

@@ -125,7 +125,7 @@ def make_engine(name: str, model: Any, tokenizer: Any, **options: Any) -> Rollou
     raise ValueError(f"unknown rollout engine {name!r}; known: hf, vllm")
 
 
-def _pad_to(x: Tensor, width: int, value: float | bool | int, left: bool) -> Tensor:
+def pad_to(x: Tensor, width: int, value: float | bool | int, left: bool) -> Tensor:
     extra = width - x.shape[1]
     if extra == 0:
         return x
@@ -167,6 +167,6 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         else:
             width = max(v.shape[1] for v in values)
             fill = False if values[0].dtype == torch.bool else 0.0 if values[0].is_floating_point() else pad_id
-            joined[name] = torch.cat([_pad_to(v, width, fill, left=layout == "left-padded") for v in values])
+            joined[name] = torch.cat([pad_to(v, width, fill, left=layout == "left-padded") for v in values])
     sizes = {p.group_size for p in parts}
     return replace(parts[0], group_size=sizes.pop() if len(sizes) == 1 else 0, **joined)

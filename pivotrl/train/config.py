@@ -43,6 +43,19 @@ class TaskConfig(Section):
     """Keyword options of the task (e.g. num_numbers, path, question_field)."""
 
 
+class BranchConfig(Section):
+    """Branching at the pivots (docs/ALGORITHMS.md, "Branching rollouts"): off while pivots is 0."""
+
+    pivots: int = Field(0, ge=0)
+    """m: pivots per response, its highest-entropy tokens (0: no branching)."""
+    spacing: int = Field(4, ge=1)
+    """Least distance, in tokens, between two pivots of one response."""
+    branches: int = Field(4, ge=1)
+    """K: continuations sampled from each pivot's prefix."""
+    train_on_branches: bool = False
+    """Also train on the branches, each pivot's K continuations as one group ([choice], docs/ALGORITHMS.md)."""
+
+
 class RolloutConfig(Section):
     engine: Literal["hf", "vllm"] = "hf"
     """Generation engine: hf (transformers, any device) or vllm (GPU, optional extra)."""
@@ -72,6 +85,8 @@ class RolloutConfig(Section):
     """DAPO overlong shaping: a linear length penalty inside the last `overlong_cache` tokens."""
     overlong_cache: int = Field(8, ge=1)
     """L_cache of the overlong shaping window."""
+    branch: BranchConfig = Field(default_factory=BranchConfig)
+    """Branching at the pivots, for pivot_mc (off by default)."""
 
 
 class AlgorithmConfig(Section):

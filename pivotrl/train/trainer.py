@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,8 @@ from pivotrl.evaluation import evaluate_policy
 from pivotrl.modeling.policy import describe, frozen_copy, load_policy
 from pivotrl.rewards.safe import safe_score
 from pivotrl.rollout import Rollout, concat_rollouts, make_engine, select_rows
+from pivotrl.rollout.base import pad_to
+from pivotrl.rollout.branching import branch_and_value
 from pivotrl.tasks import get_task
 from pivotrl.train import checkpoint as ckpt
 from pivotrl.train import run_folder
@@ -87,6 +90,9 @@ def preflight(config: RunConfig) -> tuple[frozenset[str], frozenset[str]]:
             "policy's, and the two are equal on the only update of a rollout: set train.num_minibatches=2 "
             "(or train.ppo_epochs=2), or algorithm.loss_kwargs.beta_kl=0 to drop the masked KL"
         )
+    if "pivot_values" in est_needs and config.rollout.branch.pivots == 0:
+        raise ConfigError(f"{alg.estimator!r} reads the values of branches sampled at the pivots, and "
+                          "rollout.branch.pivots is 0: set rollout.branch.pivots >= 1 (see configs/pivot_mc.yaml)")
     if "ref_logprobs" in est_needs | loss_needs and config.model.ref_model == "none":
         who = alg.estimator if "ref_logprobs" in est_needs else alg.policy_loss
         raise ConfigError(
@@ -136,7 +142,8 @@ def check_group_size(config: RunConfig) -> str | None:
                        response_mask=torch.ones(n, t, dtype=torch.bool),
                        old_logprobs=-torch.linspace(0.1, 2.0, n * t).view(n, t),
                        ref_logprobs=-torch.linspace(0.3, 1.5, n * t).view(n, t),
-                       entropies=torch.tensor([[0.1, 2.0, 0.4], [1.5, 0.2, 2.5], [0.7, 3.0, 0.05], [1.1, 0.9, 2.2]]))
+                       entropies=torch.tensor([[0.1, 2.0, 0.4], [1.5, 0.2, 2.5], [0.7, 3.0, 0.05], [1.1, 0.9, 2.2]]),
+                       pivot_values=torch.tensor([[torch.nan, 0.5, torch.nan]]).expand(n, t))
     if bool((compute_advantages(alg.estimator, probe, **alg.estimator_kwargs) == 0).all()):
         raise ConfigError(
             f"rollout.group_size=1: estimator {alg.estimator!r} gives a response alone in its group a zero "
@@ -252,17 +259,17 @@ class Trainer:
         return [self.task.format_prompt(p, self.tokenizer, chat=chat) for p in problems]
 
     # -- one step -------------------------------------------------------------
-    def collect(self) -> tuple[Rollout, torch.Tensor, torch.Tensor, dict[str, float]]:
-        """Rollouts, shaped rewards (N,) and raw verifier scores (N,), with DAPO dynamic sampling."""
+    def collect(self) -> tuple[Rollout | None, torch.Tensor | None, torch.Tensor | None, list, dict[str, float]]:
+        """Rollouts, shaped rewards (N,), raw verifier scores (N,) and each row's answer, with DAPO dynamic sampling."""
         r = self.config.rollout
-        parts, score_parts, kept_groups, sampled_groups, rounds, generated = [], [], 0, 0, 0, 0
+        parts, score_parts, answers, kept_groups, sampled_groups, rounds, generated = [], [], [], 0, 0, 0, 0
         while True:
             need = r.prompts_per_step - kept_groups if r.dynamic_sampling else r.prompts_per_step
             problems = self.next_problems(need)
             rollout = self.engine.generate(self.prompts_for(problems), r.group_size, max_new_tokens=r.max_new_tokens,
                                            temperature=r.temperature, top_p=r.top_p, generator=self.sample_generator)
-            scores = torch.tensor([safe_score(self.task.verifier, text, problems[i // r.group_size].answer)
-                                   for i, text in enumerate(rollout.texts)], dtype=torch.float32)
+            row_answers = [p.answer for p in problems for _ in range(r.group_size)]
+            scores = self.verify(rollout.texts, row_answers)
             sampled_groups += len(problems)
             generated += int(rollout.response_mask.sum())
             if r.dynamic_sampling:
@@ -270,24 +277,34 @@ class Trainer:
                 mixed = (grouped.max(dim=1).values != grouped.min(dim=1).values).nonzero().squeeze(1)
                 rows = (mixed.unsqueeze(1) * r.group_size + torch.arange(r.group_size)).reshape(-1)
                 rollout, scores = select_rows(rollout, rows), scores[rows]
+                row_answers = [row_answers[i] for i in rows.tolist()]
                 kept_groups += mixed.numel()
             if rollout.texts:
                 parts.append(rollout)
                 score_parts.append(scores)
+                answers.extend(row_answers)
             rounds += 1
             if not r.dynamic_sampling or kept_groups >= r.prompts_per_step or rounds > r.max_resample_rounds:
                 break
         info = {"rollout/sampled_groups": float(sampled_groups), "rollout/rounds": float(rounds),
                 "rollout/tokens_generated": float(generated)}
         if not parts:
-            return None, None, None, info
+            return None, None, None, [], info
         rollout = concat_rollouts(parts, self.tokenizer.pad_token_id)
         scores = torch.cat(score_parts)
-        rewards = scores.clone()
-        if r.overlong_shaping:
-            lengths = rollout.response_mask.sum(dim=1).cpu()
-            rewards = rewards + overlong_penalty(lengths, r.max_new_tokens, r.overlong_cache)
-        return rollout, rewards, scores, info
+        return rollout, self.shaped(scores, rollout.response_mask.sum(dim=1).cpu()), scores, answers, info
+
+    def verify(self, texts: list[str], answers: list) -> torch.Tensor:
+        """The task verifier's score of each response text (N,) float32 (0 for one that cannot be scored)."""
+        return torch.tensor([safe_score(self.task.verifier, text, answer) for text, answer in
+                             zip(texts, answers, strict=True)], dtype=torch.float32)
+
+    def shaped(self, scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The rewards the estimator sees: the scores, plus DAPO's overlong penalty when it is on."""
+        r = self.config.rollout
+        if not r.overlong_shaping:
+            return scores.clone()
+        return scores + overlong_penalty(lengths, r.max_new_tokens, r.overlong_cache)
 
     def _forward(self, model: torch.nn.Module, rollout: Rollout, rows: torch.Tensor | None = None,
                  entropies: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -309,7 +326,9 @@ class Trainer:
         """True when the step makes one update from one forward of all n rows (one epoch, one
         minibatch, no micro-batching): that forward then also gives ℓ^old, since π_θ = π_old there."""
         t = self.config.train
-        return t.ppo_epochs == 1 and t.num_minibatches == 1 and (t.micro_batch_size is None or t.micro_batch_size >= n)
+        branches_join = self.config.rollout.branch.pivots and self.config.rollout.branch.train_on_branches
+        return (t.ppo_epochs == 1 and t.num_minibatches == 1 and not branches_join
+                and (t.micro_batch_size is None or t.micro_batch_size >= n))
 
     def _sync(self) -> None:
         """Wait for the GPU's queued work, so that a phase's time is its own."""
@@ -324,16 +343,17 @@ class Trainer:
             group["lr"] = lr
 
         # 1. rollout: G responses to each of P prompts, scored by the task's verifier
-        rollout, rewards, scores, info = self.collect()
+        rollout, rewards, scores, answers, info = self.collect()
         info = {"step": self.step + 1, "lr": lr, **info}
         if rollout is None:  # dynamic sampling found no group with mixed rewards
             return {**info, "skipped": True, "time/step_s": time.perf_counter() - start}
         self._sync()
-        return self.learn_from(rollout, rewards, scores, {**info, "time/rollout_s": time.perf_counter() - start})
+        return self.learn_from(rollout, rewards, scores, answers,
+                               {**info, "time/rollout_s": time.perf_counter() - start})
 
-    def learn_from(self, rollout: Rollout, rewards: torch.Tensor, scores: torch.Tensor,
+    def learn_from(self, rollout: Rollout, rewards: torch.Tensor, scores: torch.Tensor, answers: list,
                    metrics: dict[str, Any]) -> dict[str, Any]:
-        """Phases 2-4 of a step on a scored rollout; returns `metrics` with the step's added."""
+        """Phases 2-5 of a step on a scored rollout; returns `metrics` with the step's added."""
         alg = self.config.algorithm
         start = time.perf_counter()
 
@@ -346,12 +366,20 @@ class Trainer:
         self._sync()
         t_forward = time.perf_counter()
 
-        # 3. estimator: the token advantages (N,T)
+        # 3. branches at the pivots (rollout.branch.pivots > 0): V̂ before each pivot token
+        if self.config.rollout.branch.pivots:
+            rollout, batch, branch_metrics = self.branch(rollout, batch, answers)
+            metrics.update(branch_metrics)
+            metrics["rollout/tokens_generated"] += branch_metrics["rollout/branch_tokens"]
+        self._sync()
+        t_branch = time.perf_counter()
+
+        # 4. estimator: the token advantages (N,T)
         advantages = compute_advantages(alg.estimator, batch, **alg.estimator_kwargs)
         self._sync()
         t_estimator = time.perf_counter()
 
-        # 4. updates: ppo_epochs x minibatches, every row once per epoch
+        # 5. updates: ppo_epochs x minibatches, every row once per epoch
         update = self.update(rollout, batch, advantages, kept)
         self._sync()
         end = time.perf_counter()
@@ -366,7 +394,8 @@ class Trainer:
             **estimator_diagnostics(batch, advantages),
             **update,
             "time/forward_s": t_forward - start,
-            "time/estimator_s": t_estimator - t_forward,
+            "time/branch_s": t_branch - t_forward,
+            "time/estimator_s": t_estimator - t_branch,
             "time/update_s": end - t_estimator,
             "time/step_s": step_s,
             "tokens_per_s": float(batch.lengths.sum()) / step_s if step_s > 0 else 0.0,
@@ -387,6 +416,41 @@ class Trainer:
         batch = TokenBatch(rewards.to(device), rollout.group_index.to(device), rollout.response_mask, old_lp,
                            ref_logprobs=ref_lp, entropies=entropies)
         return batch, kept
+
+    def branch(self, rollout: Rollout, batch: TokenBatch, answers: list) -> tuple[Rollout, TokenBatch, dict]:
+        """Branches at each response's pivots: the batch gains pivot_values and, with
+        rollout.branch.train_on_branches, the branches as responses (each pivot's K in one group)."""
+        r, b = self.config.rollout, self.config.rollout.branch
+
+        def reward_of(parents: torch.Tensor, texts: list[str], lengths: torch.Tensor) -> torch.Tensor:
+            return self.shaped(self.verify(texts, [answers[i] for i in parents.tolist()]), lengths)
+
+        values, found, branch_rewards = branch_and_value(
+            self.engine, rollout, batch.entropies, batch.rewards, reward_of, pivots=b.pivots, spacing=b.spacing,
+            branches=b.branches, max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+            generator=self.sample_generator)
+        metrics = {"rollout/branch_tokens": float(found.tokens if found else 0),
+                   "rollout/pivots_per_response": float((~values.isnan()).sum()) / batch.num_responses}
+        batch = replace(batch, pivot_values=values)
+        if not (b.train_on_branches and found):
+            return rollout, batch, metrics
+        joint = concat_rollouts([rollout, found.rollout], self.tokenizer.pad_token_id)
+        branch_batch, _ = self.token_batch(found.rollout, branch_rewards)
+        width = joint.response_ids.shape[1]
+
+        def stacked(name: str, fill: float) -> torch.Tensor | None:
+            parts = [getattr(batch, name), getattr(branch_batch, name)]
+            if parts[0] is None:
+                return None
+            if parts[1] is None:
+                parts[1] = torch.full_like(found.rollout.response_mask, fill, dtype=parts[0].dtype)
+            return torch.cat([pad_to(x, width, fill, left=False) for x in parts])
+
+        batch = TokenBatch(torch.cat([batch.rewards, branch_rewards.to(batch.rewards.device)]),
+                           joint.group_index.to(batch.rewards.device), joint.response_mask,
+                           stacked("old_logprobs", 0.0), ref_logprobs=stacked("ref_logprobs", 0.0),
+                           entropies=stacked("entropies", 0.0), pivot_values=stacked("pivot_values", torch.nan))
+        return joint, batch, {**metrics, "rollout/branch_rows_trained": float(found.rollout.response_ids.shape[0])}
 
     def update(self, rollout: Rollout, batch: TokenBatch, advantages: torch.Tensor,
                kept: tuple | None) -> dict[str, float]:
