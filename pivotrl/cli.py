@@ -156,6 +156,7 @@ def compare(
     output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Folder of the runs and the report")] = Path("runs/compare"),
     ablate: Annotated[str | None, typer.Option(help="Ablate erpo or ep_grpo: full, no gate, no buckets, no anchor")] = None,
     jobs: Annotated[int, typer.Option(help="Runs trained side by side, one process each")] = 1,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="METHOD:KEY=VALUE, one method's own override (repeatable), e.g. grpo:rollout.group_size=16 to match a branching method's token budget")] = None,
 ) -> None:
     """Train several methods with everything else equal, then write report.md and plots."""
     from pivotrl.analysis.compare import run_comparison
@@ -163,7 +164,7 @@ def compare(
 
     with user_errors(TrainingAborted):
         report = run_comparison(config, [m.strip() for m in methods.split(",") if m.strip()], seeds, output_dir,
-                                ablate=ablate, extra=list(ctx.args), jobs=jobs, warn=warn)
+                                ablate=ablate, extra=list(ctx.args), jobs=jobs, sets=set_ or [], warn=warn)
     typer.echo(f"report: {report}")
 
 

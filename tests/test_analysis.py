@@ -203,3 +203,23 @@ def test_gain_and_welch_difference_to_the_baseline(tmp_path: Path) -> None:
     without_baseline = markdown_table([rows["erpo"]])
     assert "grpo's gain" not in without_baseline and "+0.200" in without_baseline
     assert "steps to grpo" not in without_baseline
+
+
+def test_compare_holds_methods_to_a_token_budget_and_reports_every_methods_tokens(tmp_path: Path) -> None:
+    from pivotrl.analysis.compare import parse_sets
+
+    with pytest.raises(ValueError, match="METHOD:KEY=VALUE"):
+        parse_sets(["grpo=rollout.group_size"], ["grpo"])
+    with pytest.raises(ValueError, match="'dapo' is not among the compared methods"):
+        parse_sets(["dapo:rollout.group_size=2"], ["grpo"])
+    warnings: list[str] = []
+    report = run_comparison(recipe_path("smoke"), ["grpo", "pivot_mc"], 1, tmp_path,
+                            extra=["train.max_steps=1", "eval.before_after=false"],
+                            sets=["pivot_mc:rollout.branch.pivots=1", "pivot_mc:rollout.branch.branches=2"],
+                            warn=warnings.append)
+    text = report.read_text()
+    assert "pivot_mc: `rollout.branch.pivots=1 rollout.branch.branches=2`" in text
+    assert "generated tokens per run (branches)" in text
+    row = next(line for line in text.splitlines() if line.startswith("| pivot_mc"))
+    assert "(0)" not in row.split("|")[-3]  # branch tokens were counted
+    assert any("unequal numbers of tokens" in w for w in warnings)  # G=4 grpo vs branching: not one budget

@@ -20,6 +20,9 @@ PRESETS: dict[str, list[str]] = {
     "tepo": ["algorithm.estimator=grpo", "algorithm.policy_loss=tepo",
              "algorithm.loss_kwargs={eps_low: 0.2, eps_high: 0.28, beta_kl: 0.05}"],
     "mpo": ["algorithm.estimator=grpo", "algorithm.policy_loss=mpo", "algorithm.loss_kwargs={block_size: 5}"],
+    # branching as configs/pivot_mc.yaml; change it with --set pivot_mc:rollout.branch.branches=2 and the like
+    "pivot_mc": ["algorithm.estimator=pivot_mc", "algorithm.policy_loss=ppo", "rollout.branch.pivots=2",
+                 "rollout.branch.spacing=4", "rollout.branch.branches=4"],
 }
 ABLATIONS = {"full": {}, "no_gate": {"gate": False}, "no_buckets": {"buckets": False}, "no_anchor": {"anchor": False}}
 
@@ -34,10 +37,25 @@ def method_overrides(method: str) -> list[str]:
     raise ValueError(f"unknown method {method!r}; known: {known}")
 
 
-def plan_runs(methods: list[str], seeds: int, ablate: str | None = None) -> list[tuple[str, int, list[str]]]:
-    """(label, seed, overrides) for every run of the comparison."""
+def parse_sets(sets: list[str], methods: list[str]) -> dict[str, list[str]]:
+    """`--set METHOD:KEY=VALUE` options as {method: [KEY=VALUE, ...]}, for the methods compared."""
+    out: dict[str, list[str]] = {}
+    for item in sets:
+        method, sep, override = item.partition(":")
+        if not sep or "=" not in override:
+            raise ValueError(f"--set takes METHOD:KEY=VALUE (e.g. grpo:rollout.group_size=16), got {item!r}")
+        if method not in methods:
+            raise ValueError(f"--set {item!r}: {method!r} is not among the compared methods ({', '.join(methods)})")
+        out.setdefault(method, []).append(override)
+    return out
+
+
+def plan_runs(methods: list[str], seeds: int, ablate: str | None = None,
+              sets: dict[str, list[str]] | None = None) -> list[tuple[str, int, list[str]]]:
+    """(label, seed, overrides) for every run of the comparison; `sets` adds a method's own overrides."""
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    sets = sets or {}
     variants: list[tuple[str, list[str]]] = []
     if ablate is not None:
         if ablate not in ("erpo", "ep_grpo"):
@@ -48,12 +66,12 @@ def plan_runs(methods: list[str], seeds: int, ablate: str | None = None) -> list
         if "grpo" in methods:
             variants.insert(0, ("grpo", method_overrides("grpo")))
     else:
-        variants = [(m, method_overrides(m)) for m in methods]
+        variants = [(m, [*method_overrides(m), *sets.get(m, [])]) for m in methods]
     return [(label, seed, overrides) for label, overrides in variants for seed in range(seeds)]
 
 
 def run_comparison(config: Path | None, methods: list[str], seeds: int, output_dir: Path, *,
-                   ablate: str | None = None, extra: list[str] = (), jobs: int = 1,
+                   ablate: str | None = None, extra: list[str] = (), jobs: int = 1, sets: list[str] = (),
                    console: Console | None = None, warn: Callable[[str], None] | None = None) -> Path:
     """Train every (method, seed) not yet finished (resuming unfinished ones), then write the report.
 
@@ -70,7 +88,8 @@ def run_comparison(config: Path | None, methods: list[str], seeds: int, output_d
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
     console = console or Console()
-    plan = plan_runs(methods, seeds, ablate)
+    method_sets = parse_sets(list(sets), methods)
+    plan = plan_runs(methods, seeds, ablate, method_sets)
     base = config if config is not None else default_config_path()
     pending, run_dirs, updates = [], [], {}
     for i, (label, seed, overrides) in enumerate(plan, 1):
@@ -92,7 +111,7 @@ def run_comparison(config: Path | None, methods: list[str], seeds: int, output_d
         raise TrainingInterrupted("interrupted: rerun the same compare command to continue (finished runs are "
                                   "kept; unfinished ones resume from their newest checkpoint)") from None
     records = [read_run(run_dir, label=label) for label, run_dir in run_dirs]
-    notes = _notes(base, extra, ablate)
+    notes = _notes(base, extra, ablate, method_sets)
     report = write_report(records, output_dir, title="pivotrl compare", notes=notes)
     for message in report_warnings(records):
         (warn or (lambda m: console.print(f"[yellow]warning:[/] {m}", soft_wrap=True)))(message)
@@ -128,9 +147,10 @@ def _train(cfg: Any, console: Console | None = None) -> None:
     Trainer(cfg, resume=resume, console=console or Console()).run()
 
 
-def _notes(base: Path, extra: list[str], ablate: str | None) -> str:
+def _notes(base: Path, extra: list[str], ablate: str | None, sets: dict[str, list[str]] | None = None) -> str:
     parts: list[Any] = [f"Recipe `{base}`" + (f" with `{' '.join(extra)}`" if extra else "") + "; every run differs "
-                        "from the others only in the method (and the seed)."]
+                        "from the others only in the method (and the seed)" + (", and in:" if sets else ".")]
+    parts += [f"{m}: `{' '.join(o)}`;" for m, o in (sets or {}).items()]
     if ablate:
         parts.append(f"Ablation of {ablate}: full, no gate (gate=false), no buckets (buckets=false), "
                      "no anchor (anchor=false).")

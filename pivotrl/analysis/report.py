@@ -118,7 +118,8 @@ def method_rows(groups: dict[str, list[RunRecord]], baseline: str = "grpo") -> l
     finals = {m: [r.summary.get("heldout_accuracy_after", _last_eval(r, "accuracy")) for r in runs]
               for m, runs in groups.items()}
     base = groups.get(baseline)
-    base_final = statistics.fmean([v for v in finals[baseline] if v is not None]) if base else None
+    base_finals = [v for v in finals[baseline] if v is not None] if base else []
+    base_final = statistics.fmean(base_finals) if base_finals else None
     rows = []
     gains: dict[str, list[float]] = {}
     for method, runs in groups.items():
@@ -140,6 +141,8 @@ def method_rows(groups: dict[str, list[RunRecord]], baseline: str = "grpo") -> l
         k_keys = sorted({k for r in runs for e in r.evals.values() for k in e if k.startswith("pass@")})
         row["pass@k"] = {k: _mean([_last_eval(r, k) for r in runs]) for k in k_keys}
         row["wall_time_s"] = _mean([r.summary.get("wall_time_s") for r in runs])
+        row["tokens"] = _mean([generated_tokens(r) for r in runs])
+        row["branch_tokens"] = _mean([sum(r.series("rollout/branch_tokens")[1]) for r in runs])
         row["steps_to_baseline"] = None
         if base_final is not None:
             steps, table = _aligned([eval_curve(r) for r in runs if r.evals])
@@ -149,6 +152,12 @@ def method_rows(groups: dict[str, list[RunRecord]], baseline: str = "grpo") -> l
     for row in rows:  # the gain over each run's own start, against the baseline's (seeds may start apart)
         row["gain_vs_baseline"] = difference_ci95(gains[row["method"]], gains[baseline]) if base else (math.nan, math.nan)
     return rows
+
+
+def generated_tokens(run: RunRecord) -> float | None:
+    """Every token the run sampled (rollout/tokens_generated summed over its steps; branches included)."""
+    steps, values = run.series("rollout/tokens_generated")
+    return sum(values) if steps and len(steps) == len(run.metrics) else None
 
 
 def _last_eval(run: RunRecord, key: str) -> Any:
@@ -174,7 +183,8 @@ def markdown_table(rows: list[dict[str, Any]], baseline: str = "grpo") -> str:
             *([f"gain − {baseline}'s gain (95% Welch CI)"] if has_baseline else []),
             *([f"steps to {baseline}'s final acc."] if has_baseline else []), "mean length (tokens)",
             *[k.removeprefix("mean_").replace("_", " ") + " per response" for k in stat_keys],
-            "trace validity (correct)", f"entropy, last {ENTROPY_WINDOW} steps (nats)", *k_keys, "wall time (s)"]
+            "trace validity (correct)", f"entropy, last {ENTROPY_WINDOW} steps (nats)", *k_keys,
+            "generated tokens per run (branches)", "wall time (s)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         spread = f"± {_fmt(r['ci95'])}" if r["finals"] > 1 else f"(n={r['finals']}, no interval)"
@@ -188,7 +198,8 @@ def markdown_table(rows: list[dict[str, Any]], baseline: str = "grpo") -> str:
                    if has_baseline else []),
                  _fmt(r["mean_length"], ".1f"), *[_fmt(r["task_stats"].get(k), ".2f") for k in stat_keys],
                  _fmt(r["trace_validity"]), _fmt(r["entropy"]),
-                 *[_fmt(r["pass@k"].get(k)) for k in k_keys], _fmt(r["wall_time_s"], ".0f")]
+                 *[_fmt(r["pass@k"].get(k)) for k in k_keys],
+                 f"{_fmt(r['tokens'], ',.0f')} ({_fmt(r['branch_tokens'], ',.0f')})", _fmt(r["wall_time_s"], ".0f")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -207,6 +218,13 @@ def report_warnings(runs: list[RunRecord]) -> list[str]:
         listed = "; ".join(f"{n} problems x {k} sample(s)" for n, k in sizes)
         warnings.append(f"the runs were evaluated on different numbers of problems ({listed}): their accuracies "
                         "are not comparable; evaluate every run on the same problems")
+    budgets = {m: _mean([generated_tokens(r) for r in rs]) for m, rs in by_method(runs).items()}
+    known = {m: b for m, b in budgets.items() if b}
+    if known and max(known.values()) > 1.1 * min(known.values()):
+        listed = ", ".join(f"{m} {b:,.0f}" for m, b in known.items())
+        warnings.append(f"the methods sampled unequal numbers of tokens per run ({listed}; branches included): "
+                        "hold them to one budget (e.g. `compare --set grpo:rollout.group_size=...`) before "
+                        "reading a difference as better credit")
     rewards = [v for r in runs for v in r.series("reward/mean")[1]]
     if rewards and all(v == 0 for v in rewards):
         warnings.append("every reward of every run is 0 (no sampled response was ever right): no method got a "
