@@ -239,6 +239,8 @@ def credit(
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
     threads: Annotated[int, typer.Option(min=1, help="torch threads")] = 1,
     engine: Annotated[str, typer.Option(help="Rollout engine: hf, or vllm (one GPU)")] = "hf",
+    pivots: Annotated[int, typer.Option(min=1, help="pivot_mc: pivots per response")] = 2,
+    branches: Annotated[int, typer.Option(min=1, help="pivot_mc: branches sampled at each pivot (independent of -k)")] = 4,
     output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Where credit.json, report.md, plots, tokens.html go")] = Path("runs/credit"),
 ) -> None:
     """Token advantages of every estimator against Monte-Carlo ground truth A* = V(t+1) - V(t)."""
@@ -264,7 +266,7 @@ def credit(
                             task_name=task, ref_model=ref_model, ref_name=ref, group_size=group_size, k=k,
                             max_new_tokens=max_new_tokens, temperature=temperature, positions_per_decile=positions,
                             ablations=ablations, seed=seed, batch_rows=batch_size, bootstrap=bootstrap,
-                            html_estimators=shown)
+                            html_estimators=shown, pivots=pivots, branches=branches)
     wall = result["summary"]["wall_time_s"]["total"]
     typer.echo(f"credit: {result['summary']['positions']} positions in {wall:.0f} s; report: {output_dir / 'report.md'}")
 

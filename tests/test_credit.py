@@ -423,3 +423,15 @@ def test_cli_rejects_bad_input_with_one_line(tmp_path: Path) -> None:
         res = runner.invoke(app, ["credit", "-n", "1", "-g", "2", "-o", str(tmp_path), *args])
         assert res.exit_code == 2, (args, res.output)
         assert needle in res.output and "Traceback" not in res.output
+
+
+def test_pivot_mc_is_scored_and_its_credit_lands_on_the_deciding_tokens_segment(tmp_path: Path) -> None:
+    """A real (constructed) policy: a fair coin at every position, the reward decided at DECISIVE only."""
+    result = run_decisive(tmp_path, {"a": 0.5, "b": 0.5}, k=2, problems=2, pivots=2, branches=16)
+    assert "pivot_mc" in result["estimators"] and result["settings"]["pivot_mc"]["branch_tokens"] > 0
+    by_t: dict[int, list[float]] = {}
+    for pos in result["positions"]:
+        by_t.setdefault(pos["t"], []).append(abs(pos["advantages"]["pivot_mc"]))
+    mean_abs = {t: sum(v) / len(v) for t, v in by_t.items()}
+    assert max(mean_abs, key=mean_abs.get) == DECISIVE or mean_abs[DECISIVE] == pytest.approx(max(mean_abs.values()))
+    assert mean_abs[DECISIVE] > 2 * max(mean_abs[0], mean_abs[max(mean_abs)])

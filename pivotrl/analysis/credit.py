@@ -58,6 +58,7 @@ from pivotrl.analysis.compare import ABLATIONS  # noqa: E402
 from pivotrl.analysis.pivots import token_html  # noqa: E402
 from pivotrl.rewards.safe import safe_score  # noqa: E402
 from pivotrl.rollout import Rollout, RolloutEngine  # noqa: E402
+from pivotrl.rollout.branching import branch_and_value  # noqa: E402
 from pivotrl.train.forward import response_logprobs  # noqa: E402
 
 #: ERPO's ablations (ALGORITHMS.md): compare's three, plus the process term switched off.
@@ -393,8 +394,12 @@ def run_credit(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine, ta
                ref_name: str | None = None, group_size: int = 8, k: int = 32, max_new_tokens: int = 34,
                temperature: float = 1.0, positions_per_decile: int | None = None, ablations: bool = False,
                seed: int = 0, batch_rows: int = 4096, bootstrap: int = 1000,
-               html_estimators: tuple[str, ...] = ("grpo", "erpo"), console: Console | None = None) -> dict[str, Any]:
+               html_estimators: tuple[str, ...] = ("grpo", "erpo"), pivots: int = 2, branches: int = 4,
+               spacing: int = 4, console: Console | None = None) -> dict[str, Any]:
     """Sample, estimate A*, score every estimator against it; write credit.json, report.md, plots, tokens.html.
+
+    pivot_mc's branches (`pivots` per response, `branches` each, `spacing` apart) are sampled with
+    their own generator, independently of the K continuations that estimate A*.
 
     Returns the content of credit.json.
     """
@@ -420,8 +425,14 @@ def run_credit(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine, ta
     with torch.no_grad():
         logprobs, entropies = response_logprobs(model, rollout, temperature=temperature)
         ref_lp = response_logprobs(ref_model, rollout, temperature=temperature)[0] if ref_model is not None else logprobs
+    console.print(f"credit: pivot_mc's branches ({pivots} pivots x {branches} per response)", highlight=False)
+    values, found, _ = branch_and_value(
+        engine, rollout, entropies, rewards.to(logprobs.device),
+        lambda parents, texts, _lengths: torch.tensor([score(int(p), t) for p, t in zip(parents, texts, strict=True)]),
+        pivots=pivots, spacing=spacing, branches=branches, max_new_tokens=max_new_tokens, temperature=temperature,
+        top_p=1.0, generator=torch.Generator().manual_seed(seed + 1))
     batch = TokenBatch(rewards.to(logprobs.device), rollout.group_index.to(logprobs.device), mask, logprobs, ref_lp,
-                       entropies)
+                       entropies, pivot_values=values)
     advantages = {name: adv.double().cpu() for name, adv in estimator_advantages(batch, ablations).items()}
     deciles = entropy_deciles(entropies, mask)
     positions = select_positions(mask, deciles, positions_per_decile, generator)
@@ -440,7 +451,9 @@ def run_credit(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine, ta
             "ref": ref_name if ref_model is not None else "the policy itself (ERPO's process term is 0)",
             "num_prompts": len(problems), "group_size": group_size, "seed": seed,
             "positions_per_decile": positions_per_decile, "ablations": ablations, "bootstrap": bootstrap,
-            "batch_rows": batch_rows, "split": "test", "threads": torch.get_num_threads()},
+            "batch_rows": batch_rows, "split": "test", "threads": torch.get_num_threads(),
+            "pivot_mc": {"pivots": pivots, "branches": branches, "spacing": spacing,
+                         "branch_tokens": found.tokens if found else 0, "seed": seed + 1}},
         rng=np.random.default_rng(seed))
     clock["done"] = time.perf_counter()
     result["summary"].update({
