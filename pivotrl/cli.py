@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from pivotrl.cli_errors import fail, user_errors, warn
+from pivotrl.cli_errors import OneLineErrors, fail, user_errors, warn
 from pivotrl.tasks.loaders import MAX_ROW_CHARS
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+app = typer.Typer(cls=OneLineErrors, no_args_is_help=True, add_completion=False, help=__doc__)
 
 
 @app.callback()
