@@ -207,12 +207,49 @@ def report_warnings(runs: list[RunRecord]) -> list[str]:
         listed = "; ".join(f"{n} problems x {k} sample(s)" for n, k in sizes)
         warnings.append(f"the runs were evaluated on different numbers of problems ({listed}): their accuracies "
                         "are not comparable; evaluate every run on the same problems")
+    other = {k: v for k, v in config_spread(runs).items() if not _under(k, BY_DESIGN)}
+    if other:
+        listed = "; ".join(f"{k}: {' / '.join(sorted({str(x) for x in values}))}" for k, values in other.items())
+        warnings.append(f"the runs differ in more than the method and the seed ({listed}): their results are "
+                        "not comparable; each run's own settings are listed under Runs")
     rewards = [v for r in runs for v in r.series("reward/mean")[1]]
     if rewards and all(v == 0 for v in rewards):
         warnings.append("every reward of every run is 0 (no sampled response was ever right): no method got a "
                         "learning signal, so the comparison shows nothing; start from a policy that is sometimes "
                         "right (e.g. model.name_or_path=tiny) or use an easier task")
     return warnings
+
+
+#: Settings in which the runs of one comparison differ by design: the method and the seed.
+BY_DESIGN = ("algorithm", "rollout.dynamic_sampling", "rollout.max_resample_rounds", "rollout.overlong_shaping",
+             "rollout.overlong_cache", "train.seed", "label")
+#: Settings that change nothing a run computes (where it is, how it logs, saves, and its CPU threads).
+NOT_COMPARED = ("output_dir", "log", "checkpoint", "train.num_threads")
+
+
+def _under(key: str, prefixes: tuple[str, ...]) -> bool:
+    return any(key == p or key.startswith(f"{p}.") for p in prefixes)
+
+
+def config_spread(runs: list[RunRecord]) -> dict[str, list[Any]]:
+    """Each setting (dotted key, NOT_COMPARED left out) whose value is not the same in every run's
+    own config.yaml -> its value in each of the runs that have one (None where a run does not set it)."""
+    from pivotrl.train.config import flat_config
+
+    flats = [flat_config(r.config) for r in runs if r.config]
+    keys = sorted({k for f in flats for k in f if not _under(k, NOT_COMPARED)})
+    spread = {}
+    for key in keys:
+        values = [f.get(key) for f in flats]
+        if any(v != values[0] for v in values):
+            spread[key] = values
+    return spread
+
+
+def _setting(key: str, value: Any) -> str:
+    import json
+
+    return f"{key}={value if isinstance(value, str) else json.dumps(value)}"
 
 
 def write_report(runs: list[RunRecord], output_dir: str | Path, *, baseline: str = "grpo",
@@ -232,7 +269,19 @@ def write_report(runs: list[RunRecord], output_dir: str | Path, *, baseline: str
     for key, path in plots.items():
         text.append(f"![{PLOTS[key][0]}]({path.name})\n\n")
     text.append("## Runs\n\n")
-    text.extend(f"- {r.method}, seed {r.seed}: `{r.path}`\n" for r in runs)
+    spread = config_spread(runs)
+    missing = [r for r in runs if not r.config]
+    text.append("Each run's settings are the `config.yaml` in its folder"
+                + (f" ({len(missing)} run(s) have none)" if missing else "") + ". "
+                + (f"The runs differ in {', '.join(f'`{k}`' for k in spread)}; every other setting is the same "
+                   "(where, how often and how a run logs and saves, and its CPU threads, are not compared).\n\n"
+                   if spread else "All of them are the same (where, how often and how a run logs and saves, and its "
+                   "CPU threads, are not compared).\n\n"))
+    column = {id(r): i for i, r in enumerate(r for r in runs if r.config)}
+    for r in runs:
+        own = ("no config.yaml" if not r.config else
+               ", ".join(_setting(k, values[column[id(r)]]) for k, values in spread.items()))
+        text.append(f"- {r.method}, seed {r.seed}: `{r.path}`" + (f": {own}" if own else "") + "\n")
     report = out / "report.md"
     report.write_text("".join(text))
     return report

@@ -289,6 +289,9 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     except UnicodeDecodeError as err:
         raise ConfigError(f"config file {path} is not UTF-8 text (byte {err.start}: {err.reason}); "
                           "give a YAML file") from None
+    if not text.strip():
+        raise ConfigError(f"config file {path} is empty; give a recipe (configs/*.yaml), or leave --config out "
+                          "for the default one")
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as err:
