@@ -99,13 +99,13 @@ def run_comparison(config: Path | None, methods: list[str], seeds: int, output_d
     with run_folder.claim_folder(output_dir, "--output-dir"):
         pending, mismatched = [], []
         for i, (label, seed, run_dir, cfg) in enumerate(configs, 1):
-            state = _existing_run(run_dir, cfg)
-            if isinstance(state, str) and not overwrite:
-                mismatched.append(f"{run_dir.name} ({state})")
+            state, why = _existing_run(run_dir, cfg)
+            if state == "other" and not overwrite:
+                mismatched.append(f"{run_dir.name} ({why})")
             elif state == "finished":
                 console.print(f"[{i}/{len(plan)}] {label} seed {seed}: done already ({run_dir})")
             else:
-                mode = "overwrite" if isinstance(state, str) else state
+                mode = {"other": "overwrite", "unfinished": "resume"}.get(state)
                 pending.append((f"[{i}/{len(plan)}] {label} seed {seed} -> {run_dir}", cfg, mode))
         if mismatched:
             raise ConfigError(
@@ -125,22 +125,21 @@ def run_comparison(config: Path | None, methods: list[str], seeds: int, output_d
     return report
 
 
-def _existing_run(run_dir: Path, cfg: Any) -> str | None:
-    """What `run_dir` holds for a run of `cfg`: None (nothing: a new run), 'resume' (an unfinished run
-    of this config), 'finished' (a finished run of it), or why the run there is another one."""
+def _existing_run(run_dir: Path, cfg: Any) -> tuple[str, str]:
+    """What `run_dir` holds for a run of `cfg`: ('none', ''), ('unfinished', '') or ('finished', '')
+    for a run of this very config, or ('other', why) for a run of another config."""
     from pivotrl.train import run_folder
     from pivotrl.train.config import config_differences, describe_differences
 
-    found = run_folder.run_contents(run_dir)
-    if not found:
-        return None
+    if not run_folder.run_contents(run_dir):
+        return "none", ""
     saved = run_folder.saved_config(run_dir)
     if saved is None:
-        return "no config.yaml"
+        return "other", "no config.yaml"
     diffs = config_differences(saved, cfg, ignore=run_folder.NOT_IDENTITY)
     if diffs:
-        return describe_differences(diffs, old="run", new="now")
-    return "finished" if (run_dir / "summary.json").is_file() else "resume"
+        return "other", describe_differences(diffs, old="run", new="now")
+    return ("finished" if (run_dir / "summary.json").is_file() else "unfinished"), ""
 
 
 def _train_all(pending: list[tuple[str, Any, str | None]], jobs: int, console: Console) -> None:

@@ -209,7 +209,7 @@ def report_warnings(runs: list[RunRecord]) -> list[str]:
                         "are not comparable; evaluate every run on the same problems")
     other = {k: v for k, v in config_spread(runs).items() if not _under(k, BY_DESIGN)}
     if other:
-        listed = "; ".join(f"{k}: {' / '.join(sorted({str(x) for x in values}))}" for k, values in other.items())
+        listed = "; ".join(f"{k}: {' / '.join(sorted({_value(x) for x in values}))}" for k, values in other.items())
         warnings.append(f"the runs differ in more than the method and the seed ({listed}): their results are "
                         "not comparable; each run's own settings are listed under Runs")
     rewards = [v for r in runs for v in r.series("reward/mean")[1]]
@@ -246,10 +246,28 @@ def config_spread(runs: list[RunRecord]) -> dict[str, list[Any]]:
     return spread
 
 
-def _setting(key: str, value: Any) -> str:
+def _value(value: Any) -> str:
     import json
 
-    return f"{key}={value if isinstance(value, str) else json.dumps(value)}"
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _setting(key: str, value: Any) -> str:
+    return f"{key}={_value(value)}"
+
+
+#: The settings the report names when every run shares them (the rest are in each config.yaml).
+HEADLINE = ("model.name_or_path", "task.name", "train.max_steps", "train.lr", "rollout.prompts_per_step",
+            "rollout.group_size", "rollout.temperature", "eval.num_problems", "eval.samples_per_problem")
+
+
+def _shared_settings(runs: list[RunRecord], spread: dict[str, list[Any]]) -> str:
+    from pivotrl.train.config import flat_config
+
+    configured = [flat_config(r.config) for r in runs if r.config]
+    if not configured:
+        return ""
+    return ", ".join(_setting(k, configured[0][k]) for k in HEADLINE if k in configured[0] and k not in spread)
 
 
 def write_report(runs: list[RunRecord], output_dir: str | Path, *, baseline: str = "grpo",
@@ -278,6 +296,9 @@ def write_report(runs: list[RunRecord], output_dir: str | Path, *, baseline: str
                    if spread else "All of them are the same (where, how often and how a run logs and saves, and its "
                    "CPU threads, are not compared).\n\n"))
     column = {id(r): i for i, r in enumerate(r for r in runs if r.config)}
+    shared = _shared_settings(runs, spread)
+    if shared:
+        text.append(f"Shared by every run: {shared}.\n\n")
     for r in runs:
         own = ("no config.yaml" if not r.config else
                ", ".join(_setting(k, values[column[id(r)]]) for k, values in spread.items()))
