@@ -1,10 +1,11 @@
 """Checks of a run's config that need no model and no data: run before anything is loaded or written.
 
 check_config: the device exists on this machine, the task and its options exist (with the
-did-you-mean hint), model.arch is used, and no setting makes the run degenerate: sampling at
+did-you-mean hint), and no setting makes the run degenerate: sampling at
 temperature 0 with several responses per prompt gives every response of a group the same text,
 hence equal rewards and all-zero advantages (nothing is learned), and k greedy evaluation
-samples are k copies of one. Both are refused.
+samples are k copies of one. Both are refused. A model.arch next to a model that brings its own
+architecture is warned about (it is ignored).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from pivotrl.modeling.devices import check_device
 from pivotrl.train.config import ConfigError, RunConfig
 
 
-def check_config(config: RunConfig) -> None:
-    """ConfigError naming the first setting of `config` that cannot work or would do nothing."""
+def check_config(config: RunConfig) -> list[str]:
+    """ConfigError naming the first setting of `config` that cannot work or would make the run
+    degenerate; returns warnings (one sentence each) about settings that will be ignored."""
     try:
         check_device(config.model.device, "model.device")
     except ValueError as err:
@@ -22,10 +24,10 @@ def check_config(config: RunConfig) -> None:
     _check_task("task", config.task.name, config.task.options)
     if config.eval.task is not None:
         _check_task("eval.task", config.eval.task.name, config.eval.task.options)
+    warnings = []
     if config.model.arch and config.model.name_or_path != "tiny-random":
-        raise ConfigError(f"model.arch sets the architecture of a fresh model (model.name_or_path=tiny-random); "
-                          f"{config.model.name_or_path!r} brings its own, so model.arch would be ignored: "
-                          "set model.arch={} or model.name_or_path=tiny-random")
+        warnings.append(f"model.arch is ignored: it shapes a fresh model (model.name_or_path=tiny-random), and "
+                        f"{config.model.name_or_path!r} brings its own architecture")
     r, e = config.rollout, config.eval
     if r.temperature == 0 and r.group_size > 1:
         raise ConfigError(
@@ -37,6 +39,7 @@ def check_config(config: RunConfig) -> None:
             f"eval.temperature=0 is greedy, so the eval.samples_per_problem={e.samples_per_problem} samples of a "
             "problem would be copies of one (pass@k = pass@1); set eval.samples_per_problem=1 or "
             "eval.temperature > 0")
+    return warnings
 
 
 def _check_task(where: str, name: str, options: dict) -> None:

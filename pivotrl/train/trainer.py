@@ -162,24 +162,24 @@ class Trainer:
         self.console = console or Console()
         self.out = Path(config.output_dir)
         self.est_needs, self.loss_needs = preflight(config)
-        check_config(config)
+        warnings = check_config(config)
         group_warning = check_group_size(config)
         self._lock = run_folder.claim_folder(self.out)  # one writer per folder, until run() ends
         try:
-            self._start(config, resume=resume, overwrite=overwrite, group_warning=group_warning)
+            self._start(config, resume=resume, overwrite=overwrite, warnings=[*warnings, group_warning])
         except BaseException:
             self._lock.release()
             raise
 
-    def _start(self, config: RunConfig, *, resume: bool, overwrite: bool, group_warning: str | None) -> None:
+    def _start(self, config: RunConfig, *, resume: bool, overwrite: bool, warnings: list[str | None]) -> None:
         """The rest of __init__, with the run folder locked: check what it holds, load, restore."""
         used = run_folder.run_contents(self.out)
         if used and not (resume or overwrite):
             run_folder.refuse_used_folder(self.out)
         if resume and used:
             run_folder.check_resume(self.out, config)
-        if group_warning:
-            self.console.print(f"[yellow]warning:[/] {group_warning}", soft_wrap=True)
+        for warning in filter(None, warnings):
+            self.console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
         cfg = config
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
