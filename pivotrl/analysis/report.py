@@ -118,7 +118,8 @@ def method_rows(groups: dict[str, list[RunRecord]], baseline: str = "grpo") -> l
     finals = {m: [r.summary.get("heldout_accuracy_after", _last_eval(r, "accuracy")) for r in runs]
               for m, runs in groups.items()}
     base = groups.get(baseline)
-    base_final = statistics.fmean([v for v in finals[baseline] if v is not None]) if base else None
+    base_finals = [v for v in finals[baseline] if v is not None] if base else []
+    base_final = statistics.fmean(base_finals) if base_finals else None  # None: the baseline was never evaluated
     rows = []
     gains: dict[str, list[float]] = {}
     for method, runs in groups.items():
