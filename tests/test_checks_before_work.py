@@ -43,6 +43,7 @@ def invoke(*args: str) -> str:
     (["credit", "-g", "0"], "'--group-size'"),
     (["compare", "--seeds", "0"], "'--seeds'"),
     (["compare", "--jobs", "0"], "'--jobs'"),
+    (["compare", "--methods", ","], "--methods names no method"),
     (["pretrain", "--steps", "-5"], "'--steps'"),  # was: "saves after 0 steps"
     (["pretrain", "--steps", "0"], "'--steps'"),
     (["pretrain", "--batch-size", "0"], "'--batch-size'"),
@@ -144,6 +145,12 @@ def test_greedy_sampling_of_several_responses_is_refused(tmp_path: Path) -> None
         check_config(load_config(SMOKE, ["eval.temperature=0", "eval.samples_per_problem=4"]))
     assert "-k 4 samples of a problem would be copies of one" in invoke(
         "eval", "--task", "countdown", "-k", "4", "--temperature", "0", "-o", str(tmp_path / "s.jsonl"))
+
+
+def test_a_run_that_would_do_nothing_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"train\.max_steps=0 with eval\.before_after=false: the run would do nothing"):
+        check_config(load_config(SMOKE, ["train.max_steps=0", "eval.before_after=false"]))
+    assert check_config(load_config(SMOKE, ["train.max_steps=0"])) == []  # an evaluation of the initial policy
 
 
 # -- output folders of analyze, credit and report ----------------------------------------------------------

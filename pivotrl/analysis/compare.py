@@ -38,6 +38,8 @@ def plan_runs(methods: list[str], seeds: int, ablate: str | None = None) -> list
     """(label, seed, overrides) for every run of the comparison."""
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    if not methods:
+        raise ValueError("--methods names no method; give a comma-separated list such as grpo,erpo")
     variants: list[tuple[str, list[str]]] = []
     if ablate is not None:
         if ablate not in ("erpo", "ep_grpo"):

@@ -29,6 +29,9 @@ def check_config(config: RunConfig) -> list[str]:
         warnings.append(f"model.arch is ignored: it shapes a fresh model (model.name_or_path=tiny-random), and "
                         f"{config.model.name_or_path!r} brings its own architecture")
     r, e = config.rollout, config.eval
+    if config.train.max_steps == 0 and not (e.before_after or e.every):
+        raise ConfigError("train.max_steps=0 with eval.before_after=false: the run would do nothing; give "
+                          "train.max_steps >= 1, or eval.before_after=true to evaluate the initial policy")
     if r.temperature == 0 and r.group_size > 1:
         raise ConfigError(
             f"rollout.temperature=0 samples greedily, so the rollout.group_size={r.group_size} responses to a "
