@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from pivotrl.cli_errors import fail, user_errors, warn
+from pivotrl.cli_errors import OneLineErrors, fail, user_errors, warn
 from pivotrl.tasks.loaders import MAX_ROW_CHARS
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+app = typer.Typer(cls=OneLineErrors, no_args_is_help=True, add_completion=False, help=__doc__)
 
 
 @app.callback()
@@ -29,19 +29,20 @@ def demo() -> None:
 @app.command()
 def pretrain(
     task: str = typer.Option("countdown", help="Whose worked solutions: countdown (--model tiny) or countdown_search (--model tiny-search)."),
-    output_dir: str | None = typer.Option(None, help="Where to save the checkpoint (default: outputs/<the shipped folder's name>)."),
+    output_dir: str | None = typer.Option(None, help="Where to save the checkpoint (default: outputs/<the shipped folder's name>); a folder that holds a model is refused unless --overwrite."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Move a model already in --output-dir aside (to FOLDER.old-DATE-TIME) and save there; needed to regenerate a shipped policy."),
     seed: int | None = typer.Option(None, help="Seed of the weights and the data order (default: the task's recipe, 0)."),
-    steps: int | None = typer.Option(None, help="Optimizer steps (default: the task's recipe)."),
-    minutes: float | None = typer.Option(None, help="Also stop after this many minutes (not reproducible)."),
-    batch_size: int | None = typer.Option(None, help="Sequences per step (default: the task's recipe)."),
-    lr: float | None = typer.Option(None, help="Peak learning rate, cosine decay after warm-up (default: the task's recipe)."),
-    threads: int | None = typer.Option(None, help="torch threads, fixed for reproducible weights (default: the task's recipe, 1)."),
-    imperfect: float | None = typer.Option(None, help="Share of deliberately flawed worked solutions (default: the task's recipe)."),
+    steps: int | None = typer.Option(None, min=1, help="Optimizer steps (default: the task's recipe)."),
+    minutes: float | None = typer.Option(None, help="Also stop after this many minutes (> 0; not reproducible)."),
+    batch_size: int | None = typer.Option(None, min=1, help="Sequences per step (default: the task's recipe)."),
+    lr: float | None = typer.Option(None, help="Peak learning rate (> 0), cosine decay after warm-up (default: the task's recipe)."),
+    threads: int | None = typer.Option(None, min=1, help="torch threads, fixed for reproducible weights (default: the task's recipe, 1)."),
+    imperfect: float | None = typer.Option(None, min=0.0, max=1.0, help="Share of deliberately flawed worked solutions (default: the task's recipe)."),
     evaluate: bool = typer.Option(True, help="Measure held-out accuracy after training."),
     eval_only: bool = typer.Option(False, "--eval-only", help="Only measure --model (default: the policy shipped for --task)."),
     model: str | None = typer.Option(None, help="Checkpoint folder, or tiny / tiny-search, to measure with --eval-only."),
-    eval_n: int = typer.Option(1000, help="Held-out problems to measure on."),
-    temperature: float = typer.Option(1.0, help="Sampling temperature of the measurement (0 = greedy)."),
+    eval_n: int = typer.Option(1000, min=1, help="Held-out problems to measure on."),
+    temperature: float = typer.Option(1.0, min=0.0, help="Sampling temperature of the measurement (0 = greedy)."),
     eval_seed: int = typer.Option(0, help="Seed of the measurement's sampling."),
 ) -> None:
     """Warm up a tiny policy on worked solutions (the shipped checkpoints' recipes, one per --task)."""
@@ -50,23 +51,36 @@ def pretrain(
     from pivotrl.modeling.tiny import TINY_MODELS, tiny_policy_path
     from pivotrl.pretrain import recipe, run_pretrain_command, shipped_policy_path
 
-    try:
+    if minutes is not None and minutes <= 0:
+        fail(f"--minutes must be > 0 (a time limit), got {minutes}")
+    if lr is not None and lr <= 0:
+        fail(f"--lr must be > 0, got {lr}")
+    if eval_only and (output_dir is not None or overwrite):
+        fail("--eval-only saves nothing: --output-dir and --overwrite do not apply (measure a folder with --model)")
+    if model is not None and not eval_only:
+        fail("--model is what --eval-only measures; pretraining always starts from a fresh tiny model "
+             "(add --eval-only to measure --model)")
+    with user_errors():
         config = recipe(task, seed=seed, steps=steps, minutes=minutes, batch_size=batch_size, lr=lr,
                         threads=threads, imperfect=imperfect)
-    except ValueError as err:
-        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
     model_path = None
     if model is not None:
         model_path = tiny_policy_path(model) if model in TINY_MODELS else Path(model)
         if not (model_path / "config.json").is_file():
-            typer.secho(f"error: --model {model}: no checkpoint there (no config.json)", fg=typer.colors.RED, err=True)
-            raise typer.Exit(2)
+            fail(f"--model {model}: no checkpoint there (no config.json)")
     out = Path(output_dir) if output_dir else Path("outputs") / shipped_policy_path(task).name
-    run_pretrain_command(
-        output_dir=out, config=config, evaluate=evaluate, eval_only=eval_only,
-        model_path=model_path, eval_n=eval_n, temperature=temperature, eval_seed=eval_seed,
-    )
+    with user_errors():
+        from pivotrl.train.run_folder import claim_model_folder
+
+        lock = None if eval_only else claim_model_folder(out, overwrite=overwrite, say=typer.echo)
+        try:
+            run_pretrain_command(
+                output_dir=out, config=config, evaluate=evaluate, eval_only=eval_only,
+                model_path=model_path, eval_n=eval_n, temperature=temperature, eval_seed=eval_seed,
+            )
+        finally:
+            if lock is not None:
+                lock.release()
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -77,7 +91,12 @@ def train(
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint in the run folder")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Move a run already in the folder aside (to FOLDER.old-DATE-TIME) and start over")] = False,
 ) -> None:
-    """Train a policy with RLVR; extra arguments are dotted overrides (train.max_steps=4)."""
+    """Train a policy with RLVR; extra arguments are dotted overrides (train.max_steps=4).
+
+    --resume without --config continues with the run folder's own config.yaml; the overrides (and a
+    --config) may then change only what run_folder.SAFE_ON_RESUME lists (train.max_steps, ...).
+    """
+    from pivotrl.train import run_folder
     from pivotrl.train.config import load_config
     from pivotrl.train.recipes import default_config_path
     from pivotrl.train.trainer import Trainer, TrainingAborted
@@ -86,7 +105,11 @@ def train(
     if output_dir is not None:
         overrides.append(f"output_dir={output_dir}")
     with user_errors(TrainingAborted):
-        cfg = load_config(config if config is not None else default_config_path(), overrides)
+        cfg = None
+        if resume and config is None:  # the run's own config, not the default recipe
+            cfg = run_folder.resume_config(run_folder.output_dir_of(overrides, default_config_path()), overrides)
+        if cfg is None:
+            cfg = load_config(config if config is not None else default_config_path(), overrides)
         Trainer(cfg, resume=resume, overwrite=overwrite).run()
 
 
@@ -106,7 +129,7 @@ def eval_command(
     max_chars: Annotated[int, typer.Option(min=1, help="Skip (and count) rows of --data longer than this many characters")] = MAX_ROW_CHARS,
     chat: Annotated[bool, typer.Option(help="Use the tokenizer's chat template")] = False,
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N")] = "auto",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Samples jsonl (default: eval_samples.jsonl)")] = None,
 ) -> None:
     """Evaluate a policy: pass@1 averaged over k samples, pass@k, maj@k, mean length."""
@@ -115,10 +138,15 @@ def eval_command(
 
     if (task is None) == (data is None):
         fail("give exactly one of --task NAME or --data FILE")
+    if temperature == 0 and k > 1:
+        fail(f"--temperature 0 is greedy, so the -k {k} samples of a problem would be copies of one "
+             "(pass@k = pass@1); use -k 1, or a temperature > 0")
     with user_errors():
+        from pivotrl.modeling.devices import check_device
         from pivotrl.tasks import get_task
         from pivotrl.train.run_folder import check_output_file
 
+        check_device(device, "--device")
         samples_path = output or Path("eval_samples.jsonl")
         check_output_file(samples_path, "--output")
         the_task = get_task(task) if task is not None else get_task(
@@ -152,19 +180,25 @@ def compare(
     ctx: typer.Context,
     config: Annotated[Path | None, typer.Option("--config", "-c", help="Base recipe (default: configs/default.yaml)")] = None,
     methods: Annotated[str, typer.Option(help="Comma-separated methods (estimators, or dapo, gspo, tepo, mpo)")] = "grpo,erpo",
-    seeds: Annotated[int, typer.Option(help="Seeds per method")] = 3,
+    seeds: Annotated[int, typer.Option(min=1, help="Seeds per method")] = 3,
     output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Folder of the runs and the report")] = Path("runs/compare"),
     ablate: Annotated[str | None, typer.Option(help="Ablate erpo or ep_grpo: full, no gate, no buckets, no anchor")] = None,
-    jobs: Annotated[int, typer.Option(help="Runs trained side by side, one process each")] = 1,
+    jobs: Annotated[int, typer.Option(min=1, help="Runs trained side by side, one process each")] = 1,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Run again (moving the old run aside) each run in the folder made with another config")] = False,
     set_: Annotated[list[str] | None, typer.Option("--set", help="METHOD:KEY=VALUE, one method's own override (repeatable), e.g. grpo:rollout.group_size=16 to match a branching method's token budget")] = None,
 ) -> None:
-    """Train several methods with everything else equal, then write report.md and plots."""
+    """Train several methods with everything else equal, then write report.md and plots.
+
+    A run already in the folder is reused (finished) or resumed (unfinished) only when its saved
+    config equals the one this command would launch; otherwise compare refuses, naming the keys.
+    """
     from pivotrl.analysis.compare import run_comparison
     from pivotrl.train.trainer import TrainingAborted
 
     with user_errors(TrainingAborted):
         report = run_comparison(config, [m.strip() for m in methods.split(",") if m.strip()], seeds, output_dir,
-                                ablate=ablate, extra=list(ctx.args), jobs=jobs, sets=set_ or [], warn=warn)
+                                ablate=ablate, extra=list(ctx.args), jobs=jobs, overwrite=overwrite,
+                                sets=set_ or [], warn=warn)
     typer.echo(f"report: {report}")
 
 
@@ -177,10 +211,13 @@ def report(
     """The plots and table of `compare` for existing run folders (from any machine or engine)."""
     from pivotrl.analysis.report import report_warnings, write_report
     from pivotrl.analysis.runs import read_run
+    from pivotrl.train.run_folder import check_report_dir, lock_folder
 
     with user_errors():
         runs = [read_run(p) for p in run_dirs]
-        path = write_report(runs, output_dir, baseline=baseline, title="pivotrl report")
+        check_report_dir(output_dir)
+        with lock_folder(output_dir, "--output-dir"):
+            path = write_report(runs, output_dir, baseline=baseline, title="pivotrl report")
     for message in report_warnings(runs):
         warn(message)
     typer.echo(f"report: {path}")
@@ -192,11 +229,11 @@ def analyze(
     task: Annotated[str, typer.Option("--task", help="Task name")] = "countdown",
     estimator: Annotated[str, typer.Option(help="Estimator whose token credit is shown next to GRPO's")] = "erpo",
     ref: Annotated[str | None, typer.Option(help="Reference model for erpo's process term (default: the policy)")] = None,
-    num_problems: Annotated[int, typer.Option("--num-problems", "-n", help="Held-out problems sampled")] = 64,
-    group_size: Annotated[int, typer.Option(help="Samples per problem")] = 8,
-    top_percent: Annotated[float, typer.Option(help="k: perturb the top-k% and bottom-k% entropy tokens")] = 10.0,
-    perturbations: Annotated[int, typer.Option(help="Perturbed positions per side")] = 200,
-    max_new_tokens: Annotated[int, typer.Option(help="Longest response")] = 34,
+    num_problems: Annotated[int, typer.Option("--num-problems", "-n", min=1, help="Held-out problems sampled")] = 64,
+    group_size: Annotated[int, typer.Option(min=1, help="Samples per problem")] = 8,
+    top_percent: Annotated[float, typer.Option(help="k: perturb the top-k% and bottom-k% entropy tokens (0 < k < 50)")] = 10.0,
+    perturbations: Annotated[int, typer.Option(min=1, help="Perturbed positions per side")] = 200,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest response")] = 34,
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
     engine: Annotated[str, typer.Option(help="Rollout engine: hf, or vllm (one GPU)")] = "hf",
     output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Where entropy.png, tokens.html, pivots.json go")] = Path("runs/analyze"),
@@ -204,20 +241,27 @@ def analyze(
     """Pivot analysis of a policy: entropy histogram, token heat-map, perturbation test at forks."""
     import json
 
+    if not 0 < top_percent < 50:
+        fail(f"--top-percent must be between 0 and 50 (the top and bottom k% may not overlap), got {top_percent}")
+    from pivotrl.algorithms import estimator_requirements
     from pivotrl.analysis.pivots import analyze_policy
     from pivotrl.modeling.policy import frozen_copy, load_policy
     from pivotrl.rollout import make_engine
     from pivotrl.tasks import get_task
+    from pivotrl.train.run_folder import check_report_dir, lock_folder
 
     with user_errors():
+        estimator_requirements(estimator)  # an unknown name fails here, not after sampling
         the_task = get_task(task)
-        problems = the_task.problems("test")[:num_problems]
-        policy, tokenizer = load_policy(model)
-        ref_model = frozen_copy(load_policy(ref)[0]) if ref else None
-        result = analyze_policy(policy, tokenizer, make_engine(engine, policy, tokenizer), the_task, problems,
-                                [the_task.format_prompt(p) for p in problems], output_dir, estimator=estimator,
-                                group_size=group_size, max_new_tokens=max_new_tokens, top_percent=top_percent,
-                                num_perturbations=perturbations, seed=seed, ref_model=ref_model)
+        check_report_dir(output_dir)
+        with lock_folder(output_dir, "--output-dir"):
+            problems = the_task.problems("test")[:num_problems]
+            policy, tokenizer = load_policy(model)
+            ref_model = frozen_copy(load_policy(ref)[0]) if ref else None
+            result = analyze_policy(policy, tokenizer, make_engine(engine, policy, tokenizer), the_task, problems,
+                                    [the_task.format_prompt(p) for p in problems], output_dir, estimator=estimator,
+                                    group_size=group_size, max_new_tokens=max_new_tokens, top_percent=top_percent,
+                                    num_perturbations=perturbations, seed=seed, ref_model=ref_model)
     typer.echo(json.dumps(result, indent=2))
 
 
@@ -250,6 +294,7 @@ def credit(
     from pivotrl.modeling.policy import frozen_copy, load_policy
     from pivotrl.rollout import make_engine
     from pivotrl.tasks import get_task
+    from pivotrl.train.run_folder import check_report_dir, lock_folder
 
     shown = tuple(e.strip() for e in html_estimators.split(",") if e.strip())
     torch.set_num_threads(threads)
@@ -258,15 +303,17 @@ def credit(
                       positions_per_decile=positions, ablations=ablations, batch_rows=batch_size,
                       bootstrap=bootstrap, html_estimators=shown)
         the_task = get_task(task)
-        problems = the_task.problems("test")[:num_problems]
-        policy, tokenizer = load_policy(model)
-        ref_model = frozen_copy(load_policy(ref)[0]) if ref else None
-        result = run_credit(policy, tokenizer, make_engine(engine, policy, tokenizer), the_task, problems,
-                            [the_task.format_prompt(p) for p in problems], output_dir, model_name=model,
-                            task_name=task, ref_model=ref_model, ref_name=ref, group_size=group_size, k=k,
-                            max_new_tokens=max_new_tokens, temperature=temperature, positions_per_decile=positions,
-                            ablations=ablations, seed=seed, batch_rows=batch_size, bootstrap=bootstrap,
-                            html_estimators=shown, pivots=pivots, branches=branches)
+        check_report_dir(output_dir)
+        with lock_folder(output_dir, "--output-dir"):
+            problems = the_task.problems("test")[:num_problems]
+            policy, tokenizer = load_policy(model)
+            ref_model = frozen_copy(load_policy(ref)[0]) if ref else None
+            result = run_credit(policy, tokenizer, make_engine(engine, policy, tokenizer), the_task, problems,
+                                [the_task.format_prompt(p) for p in problems], output_dir, model_name=model,
+                                task_name=task, ref_model=ref_model, ref_name=ref, group_size=group_size, k=k,
+                                max_new_tokens=max_new_tokens, temperature=temperature, positions_per_decile=positions,
+                                ablations=ablations, seed=seed, batch_rows=batch_size, bootstrap=bootstrap,
+                                html_estimators=shown, pivots=pivots, branches=branches)
     wall = result["summary"]["wall_time_s"]["total"]
     typer.echo(f"credit: {result['summary']['positions']} positions in {wall:.0f} s; report: {output_dir / 'report.md'}")
 

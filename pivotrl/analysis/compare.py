@@ -55,6 +55,8 @@ def plan_runs(methods: list[str], seeds: int, ablate: str | None = None,
     """(label, seed, overrides) for every run of the comparison; `sets` adds a method's own overrides."""
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    if not methods:
+        raise ValueError("--methods names no method; give a comma-separated list such as grpo,erpo")
     sets = sets or {}
     variants: list[tuple[str, list[str]]] = []
     if ablate is not None:
@@ -71,19 +73,27 @@ def plan_runs(methods: list[str], seeds: int, ablate: str | None = None,
 
 
 def run_comparison(config: Path | None, methods: list[str], seeds: int, output_dir: Path, *,
-                   ablate: str | None = None, extra: list[str] = (), jobs: int = 1, sets: list[str] = (),
+                   ablate: str | None = None, extra: list[str] = (), jobs: int = 1, overwrite: bool = False,
+                   sets: list[str] = (),
                    console: Console | None = None, warn: Callable[[str], None] | None = None) -> Path:
     """Train every (method, seed) not yet finished (resuming unfinished ones), then write the report.
 
-    jobs > 1 trains that many runs side by side in separate processes (set train.num_threads
-    so that jobs x threads does not exceed the cores). `warn` receives what makes the
-    comparison meaningless or unfair (see report_warnings); by default it is printed.
+    A run already in the folder, finished or not, is reused only when its saved config.yaml equals
+    the config compare would launch for it (except output_dir and log.*); otherwise ConfigError
+    names the runs and the keys that differ, or, with `overwrite`, the run is moved aside and run
+    again. The output folder is locked for the whole comparison. Every config is checked before
+    any run starts. jobs > 1 trains that many runs side by side in separate processes (set
+    train.num_threads so that jobs x threads does not exceed the cores). `warn` receives what makes
+    the comparison meaningless or unfair (see report_warnings); by default it is printed.
     """
     from pivotrl.analysis.report import report_warnings, write_report
     from pivotrl.analysis.runs import read_run
-    from pivotrl.train.config import load_config
+    from pivotrl.train import run_folder
+    from pivotrl.train.checks import check_config
+    from pivotrl.train.config import ConfigError, load_config
     from pivotrl.train.interrupts import TrainingInterrupted
     from pivotrl.train.recipes import default_config_path
+    from pivotrl.train.trainer import check_group_size, preflight
 
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
@@ -91,60 +101,96 @@ def run_comparison(config: Path | None, methods: list[str], seeds: int, output_d
     method_sets = parse_sets(list(sets), methods)
     plan = plan_runs(methods, seeds, ablate, method_sets)
     base = config if config is not None else default_config_path()
-    pending, run_dirs, updates = [], [], {}
-    for i, (label, seed, overrides) in enumerate(plan, 1):
+    configs = []
+    for label, seed, overrides in plan:
         run_dir = output_dir / "runs" / f"{label.replace(':', '-')}-seed{seed}"
         cfg = load_config(base, [*extra, *overrides, f"train.seed={seed}", f"output_dir={run_dir}"])
-        updates[label] = cfg.train.ppo_epochs * cfg.train.num_minibatches
-        run_dirs.append((label, run_dir))
-        if (run_dir / "summary.json").is_file():
-            console.print(f"[{i}/{len(plan)}] {label} seed {seed}: done already ({run_dir})")
-        else:
-            pending.append((f"[{i}/{len(plan)}] {label} seed {seed} -> {run_dir}", cfg))
+        preflight(cfg)
+        check_config(cfg)
+        check_group_size(cfg)
+        configs.append((label, seed, run_dir, cfg))
+    updates = {label: cfg.train.ppo_epochs * cfg.train.num_minibatches for label, _, _, cfg in configs}
     if len(set(updates.values())) > 1:
         counts = ", ".join(f"{label}: {n}" for label, n in updates.items())
         raise ValueError(f"methods must get the same number of optimizer updates per rollout "
                          f"(train.ppo_epochs x train.num_minibatches), got {counts}")
-    try:
-        _train_all(pending, jobs, console)
-    except (KeyboardInterrupt, TrainingInterrupted):
-        raise TrainingInterrupted("interrupted: rerun the same compare command to continue (finished runs are "
-                                  "kept; unfinished ones resume from their newest checkpoint)") from None
-    records = [read_run(run_dir, label=label) for label, run_dir in run_dirs]
-    notes = _notes(base, extra, ablate, method_sets)
-    report = write_report(records, output_dir, title="pivotrl compare", notes=notes)
-    for message in report_warnings(records):
+    found = run_folder.run_contents(output_dir)
+    if found:
+        raise ConfigError(f"--output-dir {output_dir} holds a training run ({', '.join(found)}); "
+                          "give compare a folder of its own")
+    with run_folder.claim_folder(output_dir, "--output-dir"):
+        pending, mismatched = [], []
+        for i, (label, seed, run_dir, cfg) in enumerate(configs, 1):
+            state, why = _existing_run(run_dir, cfg)
+            if state == "other" and not overwrite:
+                mismatched.append(f"{run_dir.name} ({why})")
+            elif state == "finished":
+                console.print(f"[{i}/{len(plan)}] {label} seed {seed}: done already ({run_dir})")
+            else:
+                mode = {"other": "overwrite", "unfinished": "resume"}.get(state)
+                pending.append((f"[{i}/{len(plan)}] {label} seed {seed} -> {run_dir}", cfg, mode))
+        if mismatched:
+            raise ConfigError(
+                f"compare: {len(mismatched)} run(s) in {output_dir / 'runs'} were made with another config than "
+                f"this command's: {'; '.join(mismatched)}; run them again with --overwrite (the old runs are moved "
+                "aside, not deleted), or pick another --output-dir")
+        try:
+            _train_all(pending, jobs, console)
+        except (KeyboardInterrupt, TrainingInterrupted):
+            raise TrainingInterrupted("interrupted: rerun the same compare command to continue (finished runs are "
+                                      "kept; unfinished ones resume from their newest checkpoint)") from None
+        records = [read_run(run_dir, label=label) for label, _, run_dir, _ in configs]
+        notes = _notes(base, extra, ablate, method_sets)
+        varied = tuple(o.partition("=")[0] for overrides in method_sets.values() for o in overrides)
+        report = write_report(records, output_dir, title="pivotrl compare", notes=notes, by_design=varied)
+    for message in report_warnings(records, varied):
         (warn or (lambda m: console.print(f"[yellow]warning:[/] {m}", soft_wrap=True)))(message)
     return report
 
 
-def _train_all(pending: list[tuple[str, Any]], jobs: int, console: Console) -> None:
-    """Train the pending (message, config) runs, `jobs` at a time."""
+def _existing_run(run_dir: Path, cfg: Any) -> tuple[str, str]:
+    """What `run_dir` holds for a run of `cfg`: ('none', ''), ('unfinished', '') or ('finished', '')
+    for a run of this very config, or ('other', why) for a run of another config."""
+    from pivotrl.train import run_folder
+    from pivotrl.train.config import config_differences, describe_differences
+
+    if not run_folder.run_contents(run_dir):
+        return "none", ""
+    saved = run_folder.saved_config(run_dir)
+    if saved is None:
+        return "other", "no config.yaml"
+    diffs = config_differences(saved, cfg, ignore=run_folder.NOT_IDENTITY)
+    if diffs:
+        return "other", describe_differences(diffs, old="run", new="now")
+    return ("finished" if (run_dir / "summary.json").is_file() else "unfinished"), ""
+
+
+def _train_all(pending: list[tuple[str, Any, str | None]], jobs: int, console: Console) -> None:
+    """Train the pending (message, config, mode) runs, `jobs` at a time."""
     if jobs == 1:
-        for message, cfg in pending:
+        for message, cfg, mode in pending:
             console.print(message)
-            _train(cfg, console)
+            _train(cfg, mode, console)
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = []
-        for message, cfg in pending:
+        for message, cfg, mode in pending:
             console.print(message)
-            futures.append(pool.submit(_train, cfg))
+            futures.append(pool.submit(_train, cfg, mode))
         for future in futures:
             future.result()  # re-raises a run's error here
 
 
-def _train(cfg: Any, console: Console | None = None) -> None:
-    """One run to its end, resuming an unfinished one from its newest checkpoint (top level, so a
-    worker process can run it)."""
-    from pivotrl.train.run_folder import run_contents
+def _train(cfg: Any, mode: str | None = None, console: Console | None = None) -> None:
+    """One run to its end (top level, so a worker process can run it): a new one (mode None), an
+    unfinished one resumed from its newest checkpoint ('resume'), or one that moves the run in its
+    folder aside first ('overwrite')."""
     from pivotrl.train.trainer import Trainer
 
-    resume = bool(run_contents(Path(cfg.output_dir)))
-    Trainer(cfg, resume=resume, console=console or Console()).run()
+    Trainer(cfg, resume=mode == "resume", overwrite=mode == "overwrite", console=console or Console()).run()
 
 
 def _notes(base: Path, extra: list[str], ablate: str | None, sets: dict[str, list[str]] | None = None) -> str:

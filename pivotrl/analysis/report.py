@@ -119,7 +119,7 @@ def method_rows(groups: dict[str, list[RunRecord]], baseline: str = "grpo") -> l
               for m, runs in groups.items()}
     base = groups.get(baseline)
     base_finals = [v for v in finals[baseline] if v is not None] if base else []
-    base_final = statistics.fmean(base_finals) if base_finals else None
+    base_final = statistics.fmean(base_finals) if base_finals else None  # None: the baseline was never evaluated
     rows = []
     gains: dict[str, list[float]] = {}
     for method, runs in groups.items():
@@ -210,8 +210,11 @@ def eval_sizes(runs: list[RunRecord]) -> list[tuple[Any, Any]]:
                   key=str)
 
 
-def report_warnings(runs: list[RunRecord]) -> list[str]:
-    """What makes a comparison of these runs meaningless or unfair, one sentence each."""
+def report_warnings(runs: list[RunRecord], by_design: tuple[str, ...] = ()) -> list[str]:
+    """What makes a comparison of these runs meaningless or unfair, one sentence each.
+
+    `by_design`: settings (dotted prefixes) the comparison varies on purpose besides the
+    method, such as a group size set for one method to match a token budget."""
     warnings = []
     sizes = eval_sizes(runs)
     if len(sizes) > 1:
@@ -225,6 +228,11 @@ def report_warnings(runs: list[RunRecord]) -> list[str]:
         warnings.append(f"the methods sampled unequal numbers of tokens per run ({listed}; branches included): "
                         "hold them to one budget (e.g. `compare --set grpo:rollout.group_size=...`) before "
                         "reading a difference as better credit")
+    other = {k: v for k, v in config_spread(runs).items() if not _under(k, (*BY_DESIGN, *by_design))}
+    if other:
+        listed = "; ".join(f"{k}: {' / '.join(sorted({_value(x) for x in values}))}" for k, values in other.items())
+        warnings.append(f"the runs differ in more than the method and the seed ({listed}): their results are "
+                        "not comparable; each run's own settings are listed under Runs")
     rewards = [v for r in runs for v in r.series("reward/mean")[1]]
     if rewards and all(v == 0 for v in rewards):
         warnings.append("every reward of every run is 0 (no sampled response was ever right): no method got a "
@@ -233,8 +241,58 @@ def report_warnings(runs: list[RunRecord]) -> list[str]:
     return warnings
 
 
+#: Settings in which the runs of one comparison differ by design: the method and the seed.
+BY_DESIGN = ("algorithm", "rollout.branch", "rollout.dynamic_sampling", "rollout.max_resample_rounds", "rollout.overlong_shaping",
+             "rollout.overlong_cache", "train.seed", "label")
+#: Settings that change nothing a run computes (where it is, how it logs, saves, and its CPU threads).
+NOT_COMPARED = ("output_dir", "log", "checkpoint", "train.num_threads")
+
+
+def _under(key: str, prefixes: tuple[str, ...]) -> bool:
+    return any(key == p or key.startswith(f"{p}.") for p in prefixes)
+
+
+def config_spread(runs: list[RunRecord]) -> dict[str, list[Any]]:
+    """Each setting (dotted key, NOT_COMPARED left out) whose value is not the same in every run's
+    own config.yaml -> its value in each of the runs that have one (None where a run does not set it)."""
+    from pivotrl.train.config import flat_config
+
+    flats = [flat_config(r.config) for r in runs if r.config]
+    keys = sorted({k for f in flats for k in f if not _under(k, NOT_COMPARED)})
+    spread = {}
+    for key in keys:
+        values = [f.get(key) for f in flats]
+        if any(v != values[0] for v in values):
+            spread[key] = values
+    return spread
+
+
+def _value(value: Any) -> str:
+    import json
+
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _setting(key: str, value: Any) -> str:
+    return f"{key}={_value(value)}"
+
+
+#: The settings the report names when every run shares them (the rest are in each config.yaml).
+HEADLINE = ("model.name_or_path", "task.name", "train.max_steps", "train.lr", "rollout.prompts_per_step",
+            "rollout.group_size", "rollout.temperature", "eval.num_problems", "eval.samples_per_problem")
+
+
+def _shared_settings(runs: list[RunRecord], spread: dict[str, list[Any]]) -> str:
+    from pivotrl.train.config import flat_config
+
+    configured = [flat_config(r.config) for r in runs if r.config]
+    if not configured:
+        return ""
+    return ", ".join(_setting(k, configured[0][k]) for k in HEADLINE if k in configured[0] and k not in spread)
+
+
 def write_report(runs: list[RunRecord], output_dir: str | Path, *, baseline: str = "grpo",
-                 title: str = "pivotrl comparison", notes: str = "") -> Path:
+                 title: str = "pivotrl comparison", notes: str = "", by_design: tuple[str, ...] = ()) -> Path:
     """Write output_dir/report.md and its PNG plots; returns the report's path."""
     if not runs:
         raise ValueError("no runs to report on")
@@ -244,13 +302,28 @@ def write_report(runs: list[RunRecord], output_dir: str | Path, *, baseline: str
     rows = method_rows(groups, baseline)
     plots = {key: plot_metric(groups, key, out / f"{key.split('/')[0].replace('@', '_')}.png") for key in PLOTS}
     sizes = ", ".join(f"{n} problems x {k} sample(s)" for n, k in eval_sizes(runs)) or "no evaluations found"
-    warnings = "".join(f"**Warning:** {w}.\n\n" for w in report_warnings(runs))
+    warnings = "".join(f"**Warning:** {w}.\n\n" for w in report_warnings(runs, by_design))
     text = [f"# {title}\n\n", notes + "\n\n" if notes else "", f"Held-out evaluation: {sizes}.\n\n", warnings,
             "## Results\n\n", markdown_table(rows, baseline), "\n## Curves\n\n"]
     for key, path in plots.items():
         text.append(f"![{PLOTS[key][0]}]({path.name})\n\n")
     text.append("## Runs\n\n")
-    text.extend(f"- {r.method}, seed {r.seed}: `{r.path}`\n" for r in runs)
+    spread = config_spread(runs)
+    missing = [r for r in runs if not r.config]
+    text.append("Each run's settings are the `config.yaml` in its folder"
+                + (f" ({len(missing)} run(s) have none)" if missing else "") + ". "
+                + (f"The runs differ in {', '.join(f'`{k}`' for k in spread)}; every other setting is the same "
+                   "(where, how often and how a run logs and saves, and its CPU threads, are not compared).\n\n"
+                   if spread else "All of them are the same (where, how often and how a run logs and saves, and its "
+                   "CPU threads, are not compared).\n\n"))
+    column = {id(r): i for i, r in enumerate(r for r in runs if r.config)}
+    shared = _shared_settings(runs, spread)
+    if shared:
+        text.append(f"Shared by every run: {shared}.\n\n")
+    for r in runs:
+        own = ("no config.yaml" if not r.config else
+               ", ".join(_setting(k, values[column[id(r)]]) for k, values in spread.items()))
+        text.append(f"- {r.method}, seed {r.seed}: `{r.path}`" + (f": {own}" if own else "") + "\n")
     report = out / "report.md"
     report.write_text("".join(text))
     return report

@@ -21,6 +21,8 @@ class RunRecord:
     metrics: list[dict[str, Any]]
     evals: dict[int, dict[str, Any]] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    """The run's own settings: its folder's config.yaml (empty when it has none)."""
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """(steps, values) of a per-step metric, skipping steps without a finite value."""
@@ -51,15 +53,36 @@ def read_run(path: str | Path, label: str | None = None) -> RunRecord:
     if not metrics_file.is_file():
         raise ValueError(f"{path} is not a run folder: no metrics.jsonl")
     metrics = []
-    for line in metrics_file.read_text().splitlines():
+    for line in _text(metrics_file).splitlines():
         try:
             metrics.append(json.loads(line))
         except json.JSONDecodeError:
             continue  # a torn last line of a killed run
-    config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").is_file() else {}
+    config: Any = {}
+    if (path / "config.yaml").is_file():
+        try:
+            config = yaml.safe_load(_text(path / "config.yaml")) or {}
+        except yaml.YAMLError as err:
+            raise ValueError(f"{path / 'config.yaml'}: not valid YAML: {' '.join(str(err).split())}") from None
+        if not isinstance(config, dict):
+            raise ValueError(f"{path / 'config.yaml'}: not a mapping of settings")
     evals = {}
     for f in sorted((path / "eval").glob("step-*.json")) if (path / "eval").is_dir() else []:
-        evals[int(f.stem.split("-")[1])] = json.loads(f.read_text())
-    summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").is_file() else {}
+        evals[int(f.stem.split("-")[1])] = _json(f)
+    summary = _json(path / "summary.json") if (path / "summary.json").is_file() else {}
     seed = int(config.get("train", {}).get("seed", 0))
-    return RunRecord(path, label or method_label(config), seed, metrics, evals, summary)
+    return RunRecord(path, label or method_label(config), seed, metrics, evals, summary, config)
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text (byte {err.start}: {err.reason})") from None
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(_text(path))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None

@@ -12,6 +12,7 @@ Splits are ``"train"`` and ``"test"``; ``"heldout"``, ``"eval"``,
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import inspect
@@ -267,7 +268,9 @@ def _check_options(name: str, factory: Callable[..., Task], options: dict[str, A
     unknown = sorted(set(options) - accepted)
     if unknown:
         listed = ", ".join(repr(k) for k in unknown)
-        raise ValueError(f"task {name!r} does not take the option(s) {listed} (left over from another task?); "
+        near = [m for k in unknown for m in difflib.get_close_matches(str(k), sorted(accepted), n=1, cutoff=0.6)]
+        why = f"did you mean {', '.join(repr(m) for m in near)}?" if near else "left over from another task?"
+        raise ValueError(f"task {name!r} does not take the option(s) {listed} ({why}); "
                          f"its options: {', '.join(sorted(accepted))}")
     missing = sorted(required - set(options))
     if missing:
@@ -290,17 +293,26 @@ def register_task(name: str) -> Callable[[Callable[..., Task]], Callable[..., Ta
     return decorate
 
 
+def check_task(name: str, options: dict[str, Any]) -> Callable[..., Task]:
+    """The factory of task `name`, after checking (without building anything) that it exists and
+    takes `options`: KeyError for an unknown task, ValueError for unknown or missing options."""
+    try:
+        factory = TASKS[name]
+    except KeyError:
+        known = ", ".join(sorted(TASKS))
+        near = difflib.get_close_matches(str(name), sorted(TASKS), n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise KeyError(f"unknown task {name!r}{hint}; known tasks: {known}") from None
+    _check_options(name, factory, options)
+    return factory
+
+
 def get_task(name: str, **options: Any) -> Task:
     """Build the task registered as ``name`` with its options.
 
     >>> get_task("countdown", num_numbers=3, test_size=500)  # doctest: +SKIP
     """
-    try:
-        factory = TASKS[name]
-    except KeyError:
-        known = ", ".join(sorted(TASKS))
-        raise KeyError(f"unknown task {name!r}; known tasks: {known}") from None
-    _check_options(name, factory, options)
+    factory = check_task(name, options)
     task = factory(**options)
     task.name = name
     return task

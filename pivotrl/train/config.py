@@ -5,7 +5,8 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -65,7 +66,7 @@ class RolloutConfig(Section):
     """Responses sampled per prompt (G)."""
     max_new_tokens: int = Field(34, ge=1)
     """Longest response, in tokens (L_max)."""
-    max_prompt_tokens: int | None = None
+    max_prompt_tokens: int | None = Field(None, ge=1)
     """Truncate prompts to this many tokens (None: no limit)."""
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature (also applied to the log-probs the losses use)."""
@@ -111,7 +112,7 @@ class TrainConfig(Section):
     """Peak AdamW learning rate."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW weight decay."""
-    adam_betas: tuple[float, float] = (0.9, 0.99)
+    adam_betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.99)
     """AdamW betas."""
     warmup_steps: int = Field(5, ge=0)
     """Linear warm-up steps before the cosine decay."""
@@ -123,9 +124,9 @@ class TrainConfig(Section):
     """Optimizer steps per epoch: the rollouts are split into this many near-equal minibatches, every row in one."""
     micro_batch_size: int | None = Field(None, ge=1)
     """Responses per forward/backward (gradient accumulation); None: the whole minibatch."""
-    max_grad_norm: float | None = 1.0
+    max_grad_norm: float | None = Field(1.0, gt=0)
     """Gradient-norm clipping (None: off)."""
-    num_threads: int | None = None
+    num_threads: int | None = Field(None, ge=1)
     """torch CPU threads (None: torch's default)."""
     max_nan_steps: int = Field(3, ge=1)
     """Abort after this many consecutive steps with a NaN/inf loss or gradient."""
@@ -144,7 +145,7 @@ class EvalConfig(Section):
     """k: samples per problem (pass@1 is averaged over them; pass@k and maj@k use all)."""
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature at evaluation."""
-    max_new_tokens: int | None = None
+    max_new_tokens: int | None = Field(None, ge=1)
     """Longest response at evaluation (None: rollout.max_new_tokens)."""
     batch_size: int = Field(256, ge=1)
     """Responses generated at once during evaluation."""
@@ -190,19 +191,52 @@ class ConfigError(ValueError):
     """A config problem, with the dotted key it concerns in the message."""
 
 
+def unknown_key(key: str, valid: Any, prefix: str = "", what: str = "config key") -> ConfigError:
+    """The error for an unknown `prefix+key`, naming the nearest of `valid` (or listing them)."""
+    valid = [str(v) for v in valid]
+    near = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
+    hint = f"; did you mean '{prefix}{near[0]}'?" if near else f"; valid keys: {', '.join(valid) or 'none'}"
+    return ConfigError(f"unknown {what} '{prefix}{key}'{hint}")
+
+
+def _section_type(annotation: Any) -> type[BaseModel] | None:
+    """The section model of a field annotated `Section` or `Section | None`, else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if get_origin(annotation) in (Union, UnionType):
+        models = [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        return models[0] if len(models) == 1 else None
+    return None
+
+
+def _tiny_arch_keys() -> list[str]:
+    from pivotrl.modeling.tiny import TINY_ARCH
+
+    return list(TINY_ARCH)
+
+
+#: Free mappings of the config whose keys are known here (the others, task options and the
+#: algorithm's kwargs, are checked against the task or the registry before a run starts).
+FREE_DICT_KEYS = {"model.arch": _tiny_arch_keys}
+
+
 def _check_keys(data: Any, model: type[BaseModel], prefix: str = "") -> None:
-    """Raise ConfigError naming an unknown key and its nearest valid spelling."""
+    """Raise ConfigError naming an unknown key, at any depth, and its nearest valid spelling."""
     if not isinstance(data, dict):
         return
     fields = model.model_fields
     for key, value in data.items():
         if key not in fields:
-            near = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.5)
-            hint = f"; did you mean '{prefix}{near[0]}'?" if near else f"; valid keys: {', '.join(fields)}"
-            raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
-        annotation = fields[key].annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            _check_keys(value, annotation, f"{prefix}{key}.")
+            raise unknown_key(key, fields, prefix)
+        dotted = f"{prefix}{key}"
+        section = _section_type(fields[key].annotation)
+        if section is not None:
+            _check_keys(value, section, f"{dotted}.")
+        elif dotted in FREE_DICT_KEYS and isinstance(value, dict) and value:
+            valid = FREE_DICT_KEYS[dotted]()
+            for sub in value:
+                if sub not in valid:
+                    raise unknown_key(sub, valid, f"{dotted}.")
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -259,14 +293,24 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """A recipe as a dict; a top-level `base: NAME_OR_PATH` is read first and deep-merged under it."""
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder, not a file; give a YAML file")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     if path.resolve() in seen:
         raise ConfigError(f"'base' of {path} makes a cycle")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {err.start}: {err.reason}); "
+                          "give a YAML file") from None
+    if not text.strip():
+        raise ConfigError(f"config file {path} is empty; give a recipe (configs/*.yaml), or leave --config out "
+                          "for the default one")
+    try:
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     base = data.pop("base", None)
@@ -287,3 +331,44 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
 def dump_config(config: RunConfig) -> str:
     """The config as YAML, every field written out."""
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def flat_config(config: RunConfig | dict[str, Any]) -> dict[str, Any]:
+    """{'train.max_steps': 200, 'task.options.num_numbers': 3, ...}: every leaf by its dotted key
+    (mappings are descended into, so their keys are compared one by one)."""
+    data = config.model_dump(mode="json") if isinstance(config, BaseModel) else config
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):  # an empty mapping adds no key: {} and {a: 1} differ in 'a' only
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            out[prefix[:-1]] = node
+
+    walk(data, "")
+    return out
+
+
+def config_differences(old: RunConfig, new: RunConfig, ignore: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
+    """(dotted key, old value, new value) for every setting that differs, except the keys in
+    `ignore` and those below them ('log' ignores every log.* key)."""
+    a, b = flat_config(old), flat_config(new)
+    missing = object()
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        if any(key == i or key.startswith(f"{i}.") for i in ignore):
+            continue
+        va, vb = a.get(key, missing), b.get(key, missing)
+        if va != vb:
+            diffs.append((key, None if va is missing else va, None if vb is missing else vb))
+    return diffs
+
+
+def describe_differences(diffs: list[tuple[str, Any, Any]], old: str = "run", new: str = "given") -> str:
+    """'algorithm.estimator (run: grpo, given: erpo), train.lr (run: 0.001, given: 0.01)'."""
+    def show(value: Any) -> str:
+        return "unset" if value is None else yaml.safe_dump(value, default_flow_style=True, width=10**6).strip() \
+            .removesuffix("...").strip()
+
+    return ", ".join(f"{key} ({old}: {show(a)}, {new}: {show(b)})" for key, a, b in diffs)

@@ -55,6 +55,7 @@ from pivotrl.rollout.branching import branch_and_value
 from pivotrl.tasks import get_task
 from pivotrl.train import checkpoint as ckpt
 from pivotrl.train import run_folder
+from pivotrl.train.checks import check_config
 from pivotrl.train.config import ConfigError, RunConfig, dump_config
 from pivotrl.train.errors import TrainingAborted
 from pivotrl.train.forward import response_logprobs
@@ -165,13 +166,24 @@ class Trainer:
         self.console = console or Console()
         self.out = Path(config.output_dir)
         self.est_needs, self.loss_needs = preflight(config)
+        warnings = check_config(config)
         group_warning = check_group_size(config)
+        self._lock = run_folder.claim_folder(self.out)  # one writer per folder, until run() ends
+        try:
+            self._start(config, resume=resume, overwrite=overwrite, warnings=[*warnings, group_warning])
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _start(self, config: RunConfig, *, resume: bool, overwrite: bool, warnings: list[str | None]) -> None:
+        """The rest of __init__, with the run folder locked: check what it holds, load, restore."""
         used = run_folder.run_contents(self.out)
         if used and not (resume or overwrite):
             run_folder.refuse_used_folder(self.out)
-        run_folder.check_output_dir(self.out)
-        if group_warning:
-            self.console.print(f"[yellow]warning:[/] {group_warning}", soft_wrap=True)
+        if resume and used:
+            run_folder.check_resume(self.out, config)
+        for warning in filter(None, warnings):
+            self.console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
         cfg = config
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
@@ -222,7 +234,7 @@ class Trainer:
         elif resume:
             self.console.print(f"--resume: {self.out} holds no run yet; starting a new one", soft_wrap=True)
         if overwrite and used:
-            aside = run_folder.move_aside(self.out)
+            aside, self._lock = run_folder.move_aside_locked(self.out, self._lock)
             self.console.print(f"--overwrite: moved the previous run in {self.out} to {aside}", soft_wrap=True)
         truncate_metrics(self.out / "metrics.jsonl", self.step)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -653,6 +665,7 @@ class Trainer:
             raise TrainingInterrupted(self._interrupted_message()) from None
         finally:
             self.logger.close()
+            self._lock.release()
         return summary
 
     def _interrupted_message(self) -> str:
