@@ -152,3 +152,20 @@ def test_a_stale_sampler_is_caught_and_a_synced_one_is_not(tmp_path: Path) -> No
     diffs = [r["rollout/logprob_diff"] for r in read_metrics(tmp_path / "stale")]
     assert diffs[0] < 1e-4  # the first rollout still matches: nothing was trained yet
     assert len(diffs) < 7 and diffs[-1] > 0.02
+
+
+def test_resume_continues_the_streak_instead_of_restarting_it(tmp_path: Path) -> None:
+    overrides = [f"output_dir={tmp_path}", "eval.before_after=false", "rollout.logprob_diff_patience=3",
+                 "checkpoint.every=1"]
+    first = Trainer(load_config(recipe_path("smoke"), [*overrides, "train.max_steps=2"]))
+    first.engine = HFEngine(build_tiny_model(first.tokenizer, seed=1, **first.config.model.arch).to(first.device),
+                            first.tokenizer)
+    first.run()  # two steps above the bound: a streak of 2, saved with step 2
+    assert first.sampler_check.streak == 2
+    again = Trainer(load_config(recipe_path("smoke"), [*overrides, "train.max_steps=6"]), resume=True)
+    assert again.sampler_check.streak == 2
+    again.engine = HFEngine(build_tiny_model(again.tokenizer, seed=1, **again.config.model.arch).to(again.device),
+                            again.tokenizer)
+    with pytest.raises(SamplerMismatch, match="for 3 consecutive steps"):
+        again.run()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]  # step 3, the third in a row, aborts

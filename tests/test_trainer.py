@@ -220,3 +220,14 @@ def test_sigkill_and_resume_gives_identical_metrics(tmp_path: Path) -> None:
     straight = json.loads((tmp_path / "straight" / "summary.json").read_text())
     again = json.loads((tmp_path / "killed" / "summary.json").read_text())
     assert {k: v for k, v in again.items() if k != "wall_time_s"} == {k: v for k, v in straight.items() if k != "wall_time_s"}
+
+
+def test_every_seed_starts_from_the_same_heldout_evaluation(tmp_path: Path) -> None:
+    """The evaluation samples with its own seed, so the seeds of a comparison share their 'before'."""
+    samples = []
+    for seed in (0, 5):
+        out = tmp_path / f"seed{seed}"
+        Trainer(smoke(out, f"train.seed={seed}", "train.max_steps=0", "eval.num_problems=16", "model.name_or_path=tiny",
+                      "task.options={num_numbers: 3}")).run()
+        samples.append((out / "eval" / "step-000000_samples.jsonl").read_text())
+    assert samples[0] == samples[1] and samples[0]

@@ -63,6 +63,10 @@ from pivotrl.train.interrupts import TrainingInterrupted, sigint_stops_after_ste
 from pivotrl.train.loggers import MetricsLogger, truncate_metrics
 from pivotrl.train.sampler_check import SamplerCheck, logprob_diff
 
+#: The held-out evaluation's sampling seed: the same for every run, whatever train.seed, so that
+#: the seeds of a comparison start from one "before" accuracy (and end on the same draws).
+EVAL_SEED = 10_000
+
 
 def preflight(config: RunConfig) -> tuple[frozenset[str], frozenset[str]]:
     """Check the algorithm section before anything is loaded; return (estimator, loss) requirements."""
@@ -532,7 +536,7 @@ class Trainer:
             self.engine, self.eval_task, self.eval_problems, prompts=prompts,
             samples_per_problem=e.samples_per_problem, temperature=e.temperature,
             max_new_tokens=e.max_new_tokens or r.max_new_tokens, batch_size=e.batch_size,
-            seed=self.config.train.seed + 10_000, samples_path=self.out / "eval" / f"{tag}_samples.jsonl",
+            seed=EVAL_SEED, samples_path=self.out / "eval" / f"{tag}_samples.jsonl",
             progress=self._eval_progress(tag),
         )
         (self.out / "eval" / f"{tag}.json").write_text(json.dumps(result, indent=2))
@@ -548,6 +552,7 @@ class Trainer:
             "sample_generator": self.sample_generator.get_state(),
             "shuffle_generator": self.shuffle_generator.get_state(),
             "order": self.order, "position": self.position, "before": self.before,
+            "sampler_streak": self.sampler_check.streak,
         }
         return ckpt.save_checkpoint(self.out / "checkpoints", self.step, model=self.model, tokenizer=self.tokenizer,
                                     state=state, keep=self.config.checkpoint.keep)
@@ -605,6 +610,7 @@ class Trainer:
             self.order, self.position = state["order"], int(state["position"])
             self.step, self.elapsed, self.nan_steps = int(state["step"]), float(state["elapsed"]), int(state["nan_steps"])
             self.before = state["before"]
+            self.sampler_check.streak = int(state.get("sampler_streak", 0))  # checkpoints before 2026-12-04: 0
         except (KeyError, TypeError, ValueError, RuntimeError) as err:
             raise ckpt.CheckpointError(f"{path}: its trainer state does not fit this run "
                                        f"({ckpt.first_line(err)})") from None
