@@ -3,7 +3,10 @@
     python benchmarks/bench_rewards.py [--workers N] [--limit ROWS] [--timeout 2.0]
 
 math_reward is timed on the reference solutions of GSM8K test and MATH-500
-(read from $PIVOTRL_BENCHMARKS, default ../shared/data/benchmarks), against
+(gsm8k_test.jsonl and math500.jsonl, from the folder the tasks read:
+$PIVOTRL_BENCHMARKS, else ../shared/data/benchmarks relative to the current
+directory or the repository; without them the script says where it looked
+and exits with status 1), against
 their own answers ("right") and against the next row's answer ("wrong"). A
 right answer that is the identical string (or an equal plain number) is
 decided without math-verify, so the "right" rows mostly time that shortcut;
@@ -41,8 +44,24 @@ from pivotrl.rewards import (
 )
 from pivotrl.rewards.math import clear_math_cache
 from pivotrl.rewards.math_pool import configure_pool, default_pool_size, get_pool
+from pivotrl.tasks.loaders import benchmarks_dir
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "benchmarks"
+DATA_FILES = ("gsm8k_test.jsonl", "math500.jsonl")
+
+
+def find_data() -> Path:
+    """The benchmark folder holding DATA_FILES; SystemExit with one line saying where it looked."""
+    try:
+        data = benchmarks_dir()
+    except FileNotFoundError as error:
+        raise SystemExit(f"bench_rewards.py: no benchmark data: {error}") from None
+    missing = [name for name in DATA_FILES if not (data / name).is_file()]
+    if missing:
+        raise SystemExit(
+            f"bench_rewards.py: no benchmark data: {', '.join(missing)} not in {data} "
+            "(set $PIVOTRL_BENCHMARKS to the folder holding them)"
+        )
+    return data
 
 
 def load_pairs(data: Path, limit: int | None) -> dict[str, tuple[list[str], list[str]]]:
@@ -71,12 +90,7 @@ def _children_cpu() -> float:
 def _start_pool(workers: int | None) -> None:
     """Fresh workers, all ready and idle, and an empty verdict cache."""
     configure_pool(workers)
-    pool = get_pool()
-    while True:
-        pool.verify([("1", "2")] * len(pool.workers) * 2, 5.0)
-        if all(worker.ready for worker in pool.workers):
-            break
-        time.sleep(0.1)
+    get_pool().start()
     clear_math_cache()
 
 
@@ -129,7 +143,7 @@ def main() -> None:
     args = parser.parse_args()
     timeout_s = args.timeout
 
-    data = Path(os.environ.get("PIVOTRL_BENCHMARKS", DEFAULT_DATA))
+    data = find_data()
     meter = Meter(args.workers)
     workers = args.workers or default_pool_size()
     print(
