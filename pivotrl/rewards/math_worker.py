@@ -200,6 +200,9 @@ def start_worker() -> None:
 
     _judge = judge
     signal.signal(signal.SIGALRM, _on_alarm)
+    # math-verify builds its parsers on first use (a fraction of a second):
+    # here, so that no answer's deadline pays for it.
+    judge("1", "1")
 
 
 def compare(prediction: str, reference: str, soft_s: float | None) -> tuple[int, str]:
