@@ -123,8 +123,10 @@ class _HostProcess:
 
     def receive(self, wait_s: float) -> list[dict] | None:
         """The messages that arrive within ``wait_s`` (maybe none); None at end of file."""
-        readable, _, _ = select.select([self.stdout_fd], [], [], max(0.0, wait_s))
-        if not readable:
+        # poll, not select: a process with many open files may hold descriptors past 1024.
+        poller = select.poll()
+        poller.register(self.stdout_fd, select.POLLIN)
+        if not poller.poll(max(0.0, wait_s) * 1000):
             return []
         chunks = []
         while True:
