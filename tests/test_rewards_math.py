@@ -191,6 +191,14 @@ def test_local_shortcuts_agree_with_math_verify():
     assert [verdict for _, verdict in decided] == [v.score for v in remote]
 
 
+def test_pool_refuses_pairs_that_are_not_two_strings():
+    pool = get_pool()
+    for bad in ([("1", 2)], [("1",)], ["12"], [None]):
+        with pytest.raises(TypeError, match="pairs of strings"):
+            pool.verify(bad, 1.0)
+    assert [v.score for v in pool.verify([("1/2", "0.5")], 5.0)] == [1.0]
+
+
 def test_math_reward_from_another_thread():
     results: list[float] = []
     thread = threading.Thread(

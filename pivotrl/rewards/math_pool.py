@@ -225,6 +225,15 @@ class MathWorkerPool:
         ``soft``: the worker also stops itself a little before ``timeout_s``
         (:func:`soft_deadline`); False leaves only the kill at ``timeout_s``.
         """
+        for pair in pairs:
+            if not (
+                isinstance(pair, (tuple, list))
+                and len(pair) == 2
+                and all(isinstance(text, str) for text in pair)
+            ):
+                raise TypeError(
+                    f"verify takes (prediction, reference) pairs of strings, got {repr(pair)[:80]}"
+                )
         if not pairs:
             return []
         if not timeout_s > 0:
