@@ -120,7 +120,13 @@ def _tree_cpu() -> float:
 def _start_pool(workers: int | None) -> None:
     """Fresh workers, all ready and idle, and an empty verdict cache."""
     configure_pool(workers)
-    get_pool().start()
+    pool = get_pool()
+    if hasattr(pool, "start"):
+        pool.start()
+    else:  # the hand-written pool before commit b07de7b, for bench_rewards_ab.py --script after
+        while not (pool.workers and all(worker.ready for worker in pool.workers)):
+            pool.verify([("1", "1")] * 2 * pool.size, 30.0)
+        pool.verify([("1", "1")] * 2 * pool.size, 30.0)  # every worker parses a first answer
     clear_math_cache()
 
 

@@ -1,12 +1,14 @@
 """Two checkouts' bench_rewards.py, interleaved: the throughput ratio (after / before) per row.
 
-    python benchmarks/bench_rewards_ab.py BEFORE AFTER [--reps 4] [-- bench_rewards options]
+    python benchmarks/bench_rewards_ab.py BEFORE AFTER [--reps 4] [--script after] [-- bench_rewards options]
 
 BEFORE and AFTER are checkouts of this repository (a ``git worktree add
---detach DIR COMMIT`` makes one). Each repetition runs both checkouts'
-``benchmarks/bench_rewards.py`` with that checkout first on PYTHONPATH, in
-the order before, after, then after, before in the next one (so a drift in
-the machine's load falls on both alike). Per row it prints the median rate
+--detach DIR COMMIT`` makes one). Each repetition runs
+``benchmarks/bench_rewards.py`` once with each checkout first on PYTHONPATH,
+in the order before, after, then after, before in the next one (so a drift
+in the machine's load falls on both alike). The script is each checkout's
+own, or with ``--script after`` the AFTER checkout's for both (the same
+measurement of two implementations). Per row it prints the median rate
 of each side and, over the repetitions, the min and median of the ratio
 after / before of the rates and of the CPU time per item (each ratio from
 the two runs of one repetition). On a shared machine the wall-clock rates
@@ -26,10 +28,9 @@ from pathlib import Path
 ROW = re.compile(r"^(?P<label>\s*\S.*?)\s+(?P<items>\d+)\s+(?P<rate>[\d.]+)\s+(?P<cpu>[\d.]+)$")
 
 
-def run(tree: Path, extra: list[str]) -> dict[str, tuple[float, float]]:
-    """One bench_rewards.py run from ``tree``: {row label: (per second, cpu ms per item)}."""
+def run(tree: Path, script: Path, extra: list[str]) -> dict[str, tuple[float, float]]:
+    """One run of ``script`` with ``tree`` on PYTHONPATH: {row label: (per second, cpu ms per item)}."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    script = tree / "benchmarks" / "bench_rewards.py"
     done = subprocess.run(
         [sys.executable, str(script), *extra], env=env, capture_output=True, text=True, cwd=tree
     )
@@ -50,6 +51,12 @@ def main() -> None:
     parser.add_argument("before", type=Path, help="checkout measured first")
     parser.add_argument("after", type=Path, help="checkout compared with it")
     parser.add_argument("--reps", type=int, default=4, help="repetitions of the pair")
+    parser.add_argument(
+        "--script",
+        choices=("own", "after"),
+        default="own",
+        help="whose bench_rewards.py runs: each checkout's own, or AFTER's for both",
+    )
     argv = sys.argv[1:]
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
@@ -64,10 +71,15 @@ def main() -> None:
     for rep in range(args.reps):
         order = ("before", "after") if rep % 2 == 0 else ("after", "before")
         for name in order:
-            runs[name].append(run(trees[name], extra))
+            script = (
+                trees["after" if args.script == "after" else name]
+                / "benchmarks"
+                / "bench_rewards.py"
+            )
+            runs[name].append(run(trees[name], script, extra))
             print(f"rep {rep + 1}/{args.reps}: {name} done", file=sys.stderr, flush=True)
 
-    print(f"before={trees['before']} after={trees['after']} reps={args.reps}")
+    print(f"before={trees['before']} after={trees['after']} reps={args.reps} script={args.script}")
     header = (
         f"{'verifier':<42} {'before/s':>9} {'after/s':>9} "
         f"{'rate min':>9} {'rate med':>9} {'cpu min':>8} {'cpu med':>8}"
