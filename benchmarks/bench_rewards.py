@@ -121,12 +121,15 @@ def _start_pool(workers: int | None) -> None:
     """Fresh workers, all ready and idle, and an empty verdict cache."""
     configure_pool(workers)
     pool = get_pool()
-    if hasattr(pool, "start"):
+    if hasattr(pool, "start"):  # the pebble pool measured in docs/PERFORMANCE.md (commit 0f58c22)
         pool.start()
-    else:  # the hand-written pool before commit b07de7b, for bench_rewards_ab.py --script after
+    else:
+        # The pool starts its workers on its first call: call it until every
+        # worker is up (all([]) is True before that), then once more, so that
+        # each has parsed a first answer before the clock starts.
         while not (pool.workers and all(worker.ready for worker in pool.workers)):
             pool.verify([("1", "1")] * 2 * pool.size, 30.0)
-        pool.verify([("1", "1")] * 2 * pool.size, 30.0)  # every worker parses a first answer
+        pool.verify([("1", "1")] * 2 * pool.size, 30.0)
     clear_math_cache()
 
 

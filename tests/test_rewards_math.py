@@ -6,9 +6,11 @@ import json
 import logging
 import os
 import random
+import signal
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -53,8 +55,11 @@ def _reference_pairs() -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module", autouse=True)
 def warm_pool():
-    """Start the workers once, so start-up is not inside any timed assertion."""
-    get_pool().start()
+    """Start the workers once, so start-up is not inside any timed assertion.
+
+    (Scoring "\\boxed{1}" against "1.0" would not: equal numbers are decided without a worker.)
+    """
+    _ready_pool()
     yield
 
 
@@ -285,141 +290,92 @@ def test_timeout_is_logged(caplog):
     assert "timeout" in caplog.text
 
 
-def _children(pid: int) -> list[int]:
-    """The children of every thread of ``pid`` (each thread's own are listed apart)."""
-    children = []
-    for path in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            children += [int(child) for child in path.read_text().split()]
-        except OSError:
-            continue
-    return children
-
-
-def _descendants(pid: int) -> list[int]:
-    found, queue = [], [pid]
-    while queue:
-        for child in _children(queue.pop()):
-            found.append(child)
-            queue.append(child)
-    return found
-
-
-def _zombies() -> list[int]:
-    """Descendants of this process that exited and were never reaped."""
+def _zombie_children() -> list[int]:
     zombies = []
-    for pid in _descendants(os.getpid()):
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if state == "Z":
-            zombies.append(pid)
+        if fields[0] == "Z" and int(fields[1]) == os.getpid():
+            zombies.append(int(stat.parent.name))
     return zombies
 
 
-def _worker_pids(pool) -> set[int]:
-    """The host's pool workers (multiprocessing's spawned children; not its resource tracker)."""
-    pids = set()
-    for pid in _children(pool.host.pid):
-        try:
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                pids.add(pid)
-        except OSError:
-            continue
-    return pids
-
-
-def _all_workers(pool) -> set[int]:
-    """The workers, once there are as many as the pool's size (a replacement may be starting)."""
-    deadline = time.monotonic() + 30
-    workers = _worker_pids(pool)
-    while len(workers) < pool.size and time.monotonic() < deadline:
-        time.sleep(0.1)
-        workers = _worker_pids(pool)
-    return workers
-
-
 def _ready_pool():
-    """The pool with its host and every worker started, and an empty verdict cache."""
+    """The pool with every worker started and idle, and an empty verdict cache."""
     pool = get_pool()
-    pool.start()
+    deadline = time.monotonic() + 60
+    # A pool starts its workers on its first call (all([]) would be True before it).
+    while not (pool.workers and all(w.ready for w in pool.workers)) and time.monotonic() < deadline:
+        pool.verify([("1", "1.5")] * 2 * pool.size, 30.0)
     clear_math_cache()
     return pool
 
 
-# Python-level work that runs far past any deadline here: with the worker's own
-# (soft) deadline switched off, only the kill stops it, exactly as for work stuck in C.
-SLOW = r"(100000!)!"
+@contextmanager
+def _stopped(*pids: int):
+    """SIGSTOP the processes, and SIGCONT whichever still exists afterwards."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
 
-linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-
-
-@linux_only
-def test_stuck_worker_is_killed_and_replaced():
-    """An answer its worker cannot stop is killed at the deadline; a new worker takes its place."""
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses SIGSTOP and /proc")
+def test_stuck_worker_is_killed_and_replaced(caplog):
+    """A worker that cannot answer (stopped, like one stuck in C) is killed at the deadline."""
     pool = _ready_pool()
-    before = _all_workers(pool)
-    start = time.perf_counter()
-    verdicts = pool.verify([(SLOW, "3")], 0.5, soft=False)
-    elapsed = time.perf_counter() - start
-    assert [(v.score, v.reason) for v in verdicts] == [(0.0, "timeout after 0.5s (worker killed)")]
+    stopped = [worker.process.pid for worker in pool.workers]
+    with _stopped(*stopped), caplog.at_level(logging.WARNING, logger="pivotrl.rewards"):
+        start = time.perf_counter()
+        score = math_reward(r"\boxed{\frac{7}{2}}", "8", timeout_s=0.5)
+        elapsed = time.perf_counter() - start
+    assert score == 0.0
     assert elapsed < 1.5
+    assert "worker killed" in caplog.text
     # The replacement answers correctly (waiting for its start-up is allowed here).
     assert math_reward_batch([r"\boxed{\frac{6}{2}}"] * 2, ["3", "3.0"], timeout_s=30) == [1.0, 1.0]
-    after = _all_workers(pool)
-    assert len(before - after) == 1  # the one that was killed
-    assert len(after) == len(before)
-    assert _zombies() == []
+    assert set(stopped) - {worker.process.pid for worker in pool.workers}  # one was killed
+    assert _zombie_children() == []
 
 
-@linux_only
-def test_answers_queued_behind_stuck_workers_keep_their_time():
-    """Every worker stuck at once: only those answers are lost; the queued ones still get a worker and their full time."""
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses SIGSTOP and /proc")
+def test_batch_survives_a_stuck_worker(caplog):
+    """Only the answer a stuck worker was on is lost; the ones queued behind it move on."""
     pool = _ready_pool()
-    fast = [(f"\\frac{{{i}}}{{{2 * i}}}", "0.5") for i in range(1, 9)]
-    pairs = [(SLOW, "3")] * pool.size + fast
-    start = time.perf_counter()
-    verdicts = pool.verify(pairs, 1.0, soft=False)
-    elapsed = time.perf_counter() - start
-    assert [v.reason for v in verdicts[: pool.size]] == [
-        "timeout after 1s (worker killed)"
-    ] * pool.size
-    assert [v.score for v in verdicts[pool.size :]] == [1.0] * len(fast)
-    assert elapsed < 60  # the kills, the replacements' start-up, then the fast answers
-    assert _zombies() == []
-
-
-@linux_only
-def test_workers_do_not_load_the_callers_modules():
-    """The workers start from the host script, not from this process: no torch in them."""
-    import torch  # noqa: F401 - loaded here, so a worker copied or re-imported from here would map it
-
-    pool = _ready_pool()
-    workers = _all_workers(pool)
-    assert len(workers) == pool.size
-    for pid in [pool.host.pid, *workers]:
-        maps = Path(f"/proc/{pid}/maps").read_text()
-        assert "torch" not in maps, pid
+    victim = pool.workers[0]
+    completions = [f"\\boxed{{\\frac{{{i}}}{{{2 * i}}}}}" for i in range(1, 9)]
+    with _stopped(victim.process.pid), caplog.at_level(logging.WARNING, logger="pivotrl.rewards"):
+        scores = math_reward_batch(completions, ["0.5"] * 8, timeout_s=1.0)
+    assert scores.count(0.0) == 1
+    assert caplog.text.count("worker killed") == 1
+    assert victim not in pool.workers
+    assert _zombie_children() == []
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_forked_child_builds_its_own_pool():
-    parent_host = _ready_pool().host.pid
+    parent_pids = {worker.process.pid for worker in get_pool().workers}
     child = os.fork()
     if child == 0:  # pragma: no cover - runs in the child
         code = 1
         try:
             pool = get_pool()
-            right = math_reward(r"\boxed{\frac{3}{6}}", "0.5") == 1.0
-            code = 0 if right and pool.host.pid != parent_host else 2
+            fresh = not parent_pids & {worker.process.pid for worker in pool.workers}
+            code = 0 if fresh and math_reward(r"\boxed{\frac{3}{6}}", "0.5") == 1.0 else 2
             pool.close()
         finally:
             os._exit(code)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert get_pool().host.pid == parent_host
+    assert {worker.process.pid for worker in get_pool().workers} == parent_pids
     assert math_reward(r"\boxed{\frac{4}{8}}", "0.5") == 1.0
 
 

@@ -1,27 +1,22 @@
-"""math-verify worker processes with a hard deadline per answer.
+"""A pool of math-verify worker processes with a hard deadline per answer.
 
 math-verify's own timeout is ``signal.alarm``: main thread only, whole
-seconds, and blind to work stuck in C. Here each comparison runs in a worker
-of a :class:`pebble.ProcessPool`, which kills a worker whose answer runs past
-its deadline, ``timeout_s``, and starts a replacement; that answer counts as
-0.0. An answer's clock starts when a worker takes it, so answers queued
-behind a slow one lose nothing, and starting the workers is not counted.
-The worker also enforces a soft deadline itself (most sympy work is
-interruptible Python), which answers "timeout" without the cost of a new
-worker.
+seconds, and blind to work stuck in C. Here each comparison runs in a
+persistent worker process (:mod:`pivotrl.rewards.math_worker`, started with
+``subprocess`` and fed through a pipe, so nothing is forked from a process
+holding torch threads and the caller's ``__main__`` is never re-imported).
+Each worker is kept two requests deep and answers them in order; an answer's
+clock starts when its worker starts on it (when the previous answer
+arrives). The worker enforces a soft deadline itself (most sympy work is
+interruptible Python); if it has not answered by the hard deadline,
+``timeout_s``, the parent kills it, counts the answer as 0.0, hands the
+requests queued behind it to the other workers and starts a replacement.
 
-The pool runs inside one host process (:mod:`pivotrl.rewards.math_worker`,
-started with ``subprocess`` and fed batches through a pipe): multiprocessing
-workers started from the caller would import the caller's ``__main__`` (a
-training script with torch in it, once per worker and per replacement) or be
-forked from a process holding torch threads. From the host they import only
-that small script.
-
-One host per process, created on first use, with ``PIVOTRL_MATH_WORKERS``
-workers (default: CPU count, between 2 and 8), shut down at exit. Calls from
-several threads are serialised by a lock; a batch spreads over all workers.
-After ``os.fork`` the child starts its own host and never touches the
-parent's.
+One pool per process, created on first use, sized by
+``PIVOTRL_MATH_WORKERS`` (default: CPU count, between 2 and 8), shut down at
+exit. Calls from several threads are serialised by a lock; a batch spreads
+over all workers. After ``os.fork`` the child builds its own pool and never
+touches the parent's workers.
 """
 
 from __future__ import annotations
@@ -35,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,11 +38,9 @@ from pathlib import Path
 logger = logging.getLogger("pivotrl.rewards")
 
 WORKERS_ENV = "PIVOTRL_MATH_WORKERS"
-STARTUP_TIMEOUT_S = 180.0
-# How long a host may go without answering anything, beyond one deadline,
-# before it is taken for hung (its workers would have been killed long before).
-STALL_S = 60.0
+STARTUP_TIMEOUT_S = 120.0
 MAX_START_FAILURES = 3
+PIPELINE_DEPTH = 2
 _WORKER_SCRIPT = Path(__file__).with_name("math_worker.py")
 _MAX_SOFT_TIMEOUT_S = 1e6
 
@@ -65,7 +59,7 @@ class Verdict:
 
 
 def soft_deadline(timeout_s: float) -> float:
-    """Return the worker's own deadline: early enough to answer before pebble's kill."""
+    """Return the worker's own deadline: early enough to answer before the parent's kill."""
     return min(max(timeout_s - 0.3, 0.85 * timeout_s), _MAX_SOFT_TIMEOUT_S)
 
 
@@ -80,39 +74,36 @@ def default_pool_size() -> int:
     return max(2, min(8, os.cpu_count() or 2))
 
 
-class _HostError(RuntimeError):
-    """The host process failed to start (``fatal``: it said why, so trying again will not help)."""
+class _Worker:
+    """One worker process and the request it is serving."""
 
-    def __init__(self, message: str, fatal: bool = False) -> None:
-        super().__init__(message)
-        self.fatal = fatal
-
-
-class _HostProcess:
-    """The host process and the bytes read from it."""
-
-    def __init__(self, size: int) -> None:
+    def __init__(self) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-P", str(_WORKER_SCRIPT), str(size)],
+            [sys.executable, "-P", str(_WORKER_SCRIPT)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             bufsize=0,
             close_fds=True,
         )
-        assert self.process.stdout is not None
+        assert self.process.stdout is not None and self.process.stdin is not None
         self.stdout_fd = self.process.stdout.fileno()
         os.set_blocking(self.stdout_fd, False)
+        self.started = time.monotonic()
+        self.ready = False
         self.buffer = b""
-        self.busy = False
+        # Requests sent and not yet answered, oldest first: (item, request id).
+        # The worker serves them in order; the oldest one started when the
+        # previous answer arrived (or when it was sent, if the worker was idle).
+        self.inflight: deque[tuple[int, int]] = deque()
+        self.head_started = 0.0
 
-    @property
-    def pid(self) -> int:
-        return self.process.pid
+    def fileno(self) -> int:
+        return self.stdout_fd
 
-    def send(self, message: dict) -> bool:
-        """Write one request line; False if the host is gone."""
+    def send(self, payload: bytes) -> bool:
+        """Write one request; False if the worker is gone."""
         assert self.process.stdin is not None
-        view = memoryview(json.dumps(message).encode() + b"\n")
+        view = memoryview(payload)
         try:
             while view:
                 written = self.process.stdin.write(view)
@@ -121,17 +112,12 @@ class _HostProcess:
             return False
         return True
 
-    def receive(self, wait_s: float) -> list[dict] | None:
-        """The messages that arrive within ``wait_s`` (maybe none); None at end of file."""
-        # poll, not select: a process with many open files may hold descriptors past 1024.
-        poller = select.poll()
-        poller.register(self.stdout_fd, select.POLLIN)
-        if not poller.poll(max(0.0, wait_s) * 1000):
-            return []
+    def read_messages(self) -> list[dict] | None:
+        """Return the complete messages available now, or None at end of file."""
         chunks = []
         while True:
             try:
-                chunk = os.read(self.stdout_fd, 1 << 16)
+                chunk = os.read(self.stdout_fd, 65536)
             except BlockingIOError:
                 break
             except OSError:
@@ -153,22 +139,8 @@ class _HostProcess:
                 messages.append(message)
         return messages
 
-    def wait_ready(self) -> None:
-        """Return once the host's workers have started; raise _HostError if they cannot."""
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            messages = self.receive(deadline - time.monotonic())
-            if messages is None:
-                raise _HostError(f"exited during start-up (exit code {self.process.wait()})")
-            for message in messages:
-                if "fatal" in message:
-                    raise _HostError(str(message["fatal"]), fatal=True)
-                if "ready" in message:
-                    return
-        raise _HostError(f"not ready after {STARTUP_TIMEOUT_S:g}s")
-
     def kill(self) -> None:
-        """Kill the host and reap it (its workers see it gone and exit)."""
+        """Kill the process and reap it (no zombie)."""
         if self.process.poll() is None:
             try:
                 self.process.kill()
@@ -177,15 +149,15 @@ class _HostProcess:
         self.process.wait()
         self._close_pipes()
 
-    def close(self, timeout_s: float) -> None:
-        """Ask the host to stop its workers and exit (close its stdin); kill it if it lingers."""
+    def close(self, deadline: float) -> None:
+        """Ask the worker to exit (close its stdin), kill it if it lingers past ``deadline``."""
         try:
             assert self.process.stdin is not None
             self.process.stdin.close()
         except OSError:
             pass
         try:
-            self.process.wait(timeout=timeout_s)
+            self.process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
         self.kill()
@@ -200,31 +172,18 @@ class _HostProcess:
 
 
 class MathWorkerPool:
-    """math-verify workers behind one host process; :meth:`verify` compares (prediction, reference) pairs."""
+    """Persistent math-verify workers; :meth:`verify` compares (prediction, reference) pairs."""
 
     def __init__(self, size: int | None = None) -> None:
         self.size = max(1, size if size is not None else default_pool_size())
         self.pid = os.getpid()
-        self.host: _HostProcess | None = None
+        self.workers: list[_Worker] = []
         self.lock = threading.Lock()
+        self.start_failures = 0
+        self.next_request_id = 0
 
-    def start(self) -> None:
-        """Start the host and its workers now (the first :meth:`verify` otherwise does)."""
-        with self.lock:
-            self._ensure_host()
-
-    def verify(
-        self,
-        pairs: Sequence[tuple[str, str]],
-        timeout_s: float,
-        *,
-        soft: bool = True,
-    ) -> list[Verdict]:
-        """Compare each (prediction, reference) pair, each within ``timeout_s`` of a worker taking it.
-
-        ``soft``: the worker also stops itself a little before ``timeout_s``
-        (:func:`soft_deadline`); False leaves only the kill at ``timeout_s``.
-        """
+    def verify(self, pairs: Sequence[tuple[str, str]], timeout_s: float) -> list[Verdict]:
+        """Compare each (prediction, reference) pair, each within ``timeout_s`` of its worker starting on it."""
         for pair in pairs:
             if not (
                 isinstance(pair, (tuple, list))
@@ -238,78 +197,125 @@ class MathWorkerPool:
             return []
         if not timeout_s > 0:
             return [Verdict(0.0, "timeout: no time allowed") for _ in pairs]
-        timeout_s = float(timeout_s)
-        soft_s = soft_deadline(timeout_s) if soft else None
         with self.lock:
-            return self._run(pairs, timeout_s, soft_s)
+            return self._run(pairs, float(timeout_s))
 
     def close(self) -> None:
-        """Stop the host and its workers, and reap the host."""
+        """Stop every worker and reap it."""
         with self.lock:
-            if self.host is not None:
-                self.host.close(2.0)
-                self.host = None
+            deadline = time.monotonic() + 1.0
+            for worker in self.workers:
+                worker.close(deadline)
+            self.workers = []
 
-    def _ensure_host(self) -> _HostProcess:
-        if self.host is not None and (self.host.busy or self.host.process.poll() is not None):
-            self.host.kill()  # left busy by an interrupted call, or dead
-            self.host = None
-        failures = 0
-        while self.host is None:
-            host = _HostProcess(self.size)
-            try:
-                host.wait_ready()
-            except _HostError as error:
-                host.kill()
-                failures += 1
-                logger.error("math-verify host failed to start (%s)", error)
-                if error.fatal or failures >= MAX_START_FAILURES:
-                    raise RuntimeError(
-                        f"math-verify workers failed to start ({error}); "
-                        f"are math-verify and pebble installed for {sys.executable}?"
-                    ) from error
-                continue
-            self.host = host
-        return self.host
+    def _fill(self) -> None:
+        while len(self.workers) < self.size:
+            self.workers.append(_Worker())
 
-    def _run(
-        self, pairs: Sequence[tuple[str, str]], timeout_s: float, soft_s: float | None
-    ) -> list[Verdict]:
+    def _retire(self, worker: _Worker) -> None:
+        worker.kill()
+        self.workers.remove(worker)
+        self._fill()
+
+    def _start_failed(self, worker: _Worker, why: str) -> None:
+        self.start_failures += 1
+        code = worker.process.poll()
+        self._retire(worker)
+        logger.error("math-verify worker failed to start (%s, exit code %s)", why, code)
+        if self.start_failures >= MAX_START_FAILURES:
+            raise RuntimeError(
+                f"math-verify worker failed to start {self.start_failures} times in a row "
+                f"({why}, exit code {code}); is math-verify installed for {sys.executable}?"
+            )
+
+    def _run(self, pairs: Sequence[tuple[str, str]], timeout_s: float) -> list[Verdict]:
         results: list[Verdict | None] = [None] * len(pairs)
-        host = self._ensure_host()
-        request = {"t": timeout_s, "soft": soft_s, "p": [list(pair) for pair in pairs]}
-        host.busy = True
-        if not host.send(request):
-            return self._lost(host, results, "error: the host closed its input")
-        left = len(pairs)
-        patience = timeout_s + STALL_S
-        last = time.monotonic()
-        while left:
-            wait_s = last + patience - time.monotonic()
-            if wait_s <= 0:
-                return self._lost(host, results, f"error: no answer from the host in {patience:g}s")
-            messages = host.receive(wait_s)
-            if messages is None:
-                return self._lost(host, results, "error: the host exited")
-            for message in messages:
-                if "fatal" in message:
-                    return self._lost(host, results, f"error: {message['fatal']}")
-                index = message.get("i")
-                if isinstance(index, int) and 0 <= index < len(results) and results[index] is None:
-                    results[index] = Verdict(
-                        1.0 if message.get("s") == 1 else 0.0, str(message.get("r", ""))
-                    )
-                    left -= 1
-                    last = time.monotonic()
-        host.busy = False
-        return [r if r is not None else Verdict(0.0, "error: no result") for r in results]
+        queue = deque(range(len(pairs)))
+        crashed: set[int] = set()
+        soft = soft_deadline(timeout_s)
+        for worker in list(self.workers):
+            if worker.inflight:  # left busy by an interrupted call
+                self._retire(worker)
+        self._fill()
 
-    def _lost(self, host: _HostProcess, results: list[Verdict | None], why: str) -> list[Verdict]:
-        """Give up on the host: kill it and score what it had not answered 0.0."""
-        logger.error("math-verify host lost (%s); a new one starts on the next call", why)
-        host.kill()
-        self.host = None
-        return [r if r is not None else Verdict(0.0, why) for r in results]
+        def requeue(worker: _Worker) -> None:
+            # Everything a dead worker still held, except its current item, goes back.
+            for item, _ in reversed(list(worker.inflight)[1:]):
+                queue.appendleft(item)
+
+        while queue or any(w.inflight for w in self.workers):
+            # Keep every ready worker PIPELINE_DEPTH requests deep, so it never
+            # waits for this loop between two answers.
+            for worker in list(self.workers):
+                while worker.ready and queue and len(worker.inflight) < PIPELINE_DEPTH:
+                    item = queue.popleft()
+                    self.next_request_id += 1
+                    prediction, reference = pairs[item]
+                    request = {
+                        "i": self.next_request_id,
+                        "p": prediction,
+                        "g": reference,
+                        "t": soft,
+                    }
+                    if not worker.send(json.dumps(request).encode() + b"\n"):
+                        queue.appendleft(item)
+                        requeue(worker)
+                        if worker.inflight:
+                            queue.appendleft(worker.inflight[0][0])
+                        self._retire(worker)
+                        break
+                    if not worker.inflight:
+                        worker.head_started = time.monotonic()
+                    worker.inflight.append((item, self.next_request_id))
+
+            wake = [
+                w.head_started + timeout_s if w.ready else w.started + STARTUP_TIMEOUT_S
+                for w in self.workers
+                if w.inflight or not w.ready
+            ]
+            wait = max(0.0, min(wake) - time.monotonic()) if wake else 0.0
+            readable, _, _ = select.select(self.workers, [], [], wait)
+
+            for worker in readable:
+                messages = worker.read_messages()
+                if messages is None:
+                    if not worker.ready:
+                        self._start_failed(worker, "exited during start-up")
+                        continue
+                    requeue(worker)
+                    if worker.inflight:
+                        item = worker.inflight[0][0]
+                        if item in crashed:
+                            results[item] = Verdict(0.0, "error: worker crashed")
+                            logger.warning(
+                                "math_reward: worker crashed twice on one answer (counted 0.0)"
+                            )
+                        else:
+                            crashed.add(item)
+                            queue.appendleft(item)
+                    self._retire(worker)
+                    continue
+                for message in messages:
+                    if "ready" in message:
+                        worker.ready = True
+                        self.start_failures = 0
+                    elif worker.inflight and message.get("i") == worker.inflight[0][1]:
+                        item, _ = worker.inflight.popleft()
+                        results[item] = Verdict(
+                            1.0 if message.get("s") == 1 else 0.0, str(message.get("r", ""))
+                        )
+                        worker.head_started = time.monotonic()
+
+            now = time.monotonic()
+            for worker in list(self.workers):
+                if worker.inflight and now >= worker.head_started + timeout_s:
+                    item = worker.inflight[0][0]
+                    results[item] = Verdict(0.0, f"timeout after {timeout_s:g}s (worker killed)")
+                    requeue(worker)
+                    self._retire(worker)
+                elif not worker.ready and now >= worker.started + STARTUP_TIMEOUT_S:
+                    self._start_failed(worker, f"not ready after {STARTUP_TIMEOUT_S:g}s")
+        return [r if r is not None else Verdict(0.0, "error: no result") for r in results]
 
 
 _POOL: MathWorkerPool | None = None
