@@ -15,8 +15,8 @@ cache). Every measurement starts with fresh workers, up and idle before the
 clock starts (empty parse caches), and an empty verdict cache.
 
 Besides wall-clock rates, which depend on what else the machine runs, the
-table gives the CPU time per item (this process plus the verifier host and
-its workers, during the call only): on an otherwise idle machine a batch over
+table gives the CPU time per item (this process plus its math-verify
+workers, during the call only): on an otherwise idle machine a batch over
 W workers on C >= W cores approaches W / (CPU time per item). On Linux it is
 read from /proc around the call; elsewhere it is the CPU of the processes
 reaped after the call, less an estimate of what starting and stopping them
@@ -121,15 +121,12 @@ def _start_pool(workers: int | None) -> None:
     """Fresh workers, all ready and idle, and an empty verdict cache."""
     configure_pool(workers)
     pool = get_pool()
-    if hasattr(pool, "start"):  # the pebble pool measured in docs/PERFORMANCE.md (commit 0f58c22)
-        pool.start()
-    else:
-        # The pool starts its workers on its first call: call it until every
-        # worker is up (all([]) is True before that), then once more, so that
-        # each has parsed a first answer before the clock starts.
-        while not (pool.workers and all(worker.ready for worker in pool.workers)):
-            pool.verify([("1", "1")] * 2 * pool.size, 30.0)
+    # The pool starts its workers on its first call: call it until every
+    # worker is up (all([]) is True before that), then once more, so that each
+    # has answered before the clock starts.
+    while not (pool.workers and all(worker.ready for worker in pool.workers)):
         pool.verify([("1", "1")] * 2 * pool.size, 30.0)
+    pool.verify([("1", "1")] * 2 * pool.size, 30.0)
     clear_math_cache()
 
 
