@@ -3,7 +3,10 @@
     python benchmarks/bench_rewards.py [--workers N] [--limit ROWS] [--timeout 2.0]
 
 math_reward is timed on the reference solutions of GSM8K test and MATH-500
-(read from $PIVOTRL_BENCHMARKS, default ../shared/data/benchmarks), against
+(gsm8k_test.jsonl and math500.jsonl, from the folder the tasks read:
+$PIVOTRL_BENCHMARKS, else ../shared/data/benchmarks relative to the current
+directory or the repository; without them the script says where it looked
+and exits with status 1), against
 their own answers ("right") and against the next row's answer ("wrong"). A
 right answer that is the identical string (or an equal plain number) is
 decided without math-verify, so the "right" rows mostly time that shortcut;
@@ -12,9 +15,12 @@ cache). Every measurement starts with fresh workers, up and idle before the
 clock starts (empty parse caches), and an empty verdict cache.
 
 Besides wall-clock rates, which depend on what else the machine runs, the
-table gives the CPU time per item (this process plus its workers, worker
-start-up excluded): on an otherwise idle machine a batch over W workers on
-C >= W cores approaches W / (CPU time per item).
+table gives the CPU time per item (this process plus its math-verify
+workers, during the call only): on an otherwise idle machine a batch over
+W workers on C >= W cores approaches W / (CPU time per item). On Linux it is
+read from /proc around the call; elsewhere it is the CPU of the processes
+reaped after the call, less an estimate of what starting and stopping them
+costs (noisier).
 """
 
 from __future__ import annotations
@@ -41,8 +47,24 @@ from pivotrl.rewards import (
 )
 from pivotrl.rewards.math import clear_math_cache
 from pivotrl.rewards.math_pool import configure_pool, default_pool_size, get_pool
+from pivotrl.tasks.loaders import benchmarks_dir
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "benchmarks"
+DATA_FILES = ("gsm8k_test.jsonl", "math500.jsonl")
+
+
+def find_data() -> Path:
+    """The benchmark folder holding DATA_FILES; SystemExit with one line saying where it looked."""
+    try:
+        data = benchmarks_dir()
+    except FileNotFoundError as error:
+        raise SystemExit(f"bench_rewards.py: no benchmark data: {error}") from None
+    missing = [name for name in DATA_FILES if not (data / name).is_file()]
+    if missing:
+        raise SystemExit(
+            f"bench_rewards.py: no benchmark data: {', '.join(missing)} not in {data} "
+            "(set $PIVOTRL_BENCHMARKS to the folder holding them)"
+        )
+    return data
 
 
 def load_pairs(data: Path, limit: int | None) -> dict[str, tuple[list[str], list[str]]]:
@@ -68,15 +90,43 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _children(pid: int) -> list[int]:
+    """The live children of every thread of ``pid`` (Linux /proc)."""
+    children = []
+    for path in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            children += [int(child) for child in path.read_text().split()]
+        except OSError:  # the thread ended meanwhile
+            continue
+    return children
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU seconds of ``pid``, its reaped children, and its live descendants (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # it exited meanwhile; its parent's count has it once reaped
+        return 0.0
+    own = sum(int(field) for field in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return own + sum(_process_cpu(child) for child in _children(pid))
+
+
+def _tree_cpu() -> float:
+    """CPU seconds of this process and every process below it, live or reaped."""
+    live = sum(_process_cpu(child) for child in _children(os.getpid()))
+    return time.process_time() + _children_cpu() + live
+
+
 def _start_pool(workers: int | None) -> None:
     """Fresh workers, all ready and idle, and an empty verdict cache."""
     configure_pool(workers)
     pool = get_pool()
-    while True:
-        pool.verify([("1", "2")] * len(pool.workers) * 2, 5.0)
-        if all(worker.ready for worker in pool.workers):
-            break
-        time.sleep(0.1)
+    # The pool starts its workers on its first call: call it until every
+    # worker is up (all([]) is True before that), then once more, so that each
+    # has answered before the clock starts.
+    while not (pool.workers and all(worker.ready for worker in pool.workers)):
+        pool.verify([("1", "1")] * 2 * pool.size, 30.0)
+    pool.verify([("1", "1")] * 2 * pool.size, 30.0)
     clear_math_cache()
 
 
@@ -85,26 +135,33 @@ class Meter:
 
     def __init__(self, workers: int | None) -> None:
         self.workers = workers
-        # What starting, warming and stopping a pool costs, to subtract.
-        costs = []
-        for _ in range(2):
-            before = _children_cpu()
-            _start_pool(workers)
-            shutdown_math_workers()
-            costs.append(_children_cpu() - before)
-        self.pool_cost = min(costs)
+        self.exact = Path(f"/proc/{os.getpid()}/task").is_dir()
+        self.pool_cost = 0.0
+        if not self.exact:
+            # What starting, warming and stopping a pool costs, to subtract.
+            costs = []
+            for _ in range(2):
+                before = _children_cpu()
+                _start_pool(workers)
+                shutdown_math_workers()
+                costs.append(_children_cpu() - before)
+            self.pool_cost = min(costs)
 
     def __call__(self, fn: Callable[[], object], count: int) -> tuple[float, float]:
         before_children = _children_cpu()
         _start_pool(self.workers)
-        before_self = time.process_time()
+        before = _tree_cpu() if self.exact else time.process_time()
         start = time.perf_counter()
         fn()
         wall = time.perf_counter() - start
-        own = time.process_time() - before_self
-        shutdown_math_workers()
-        children = max(0.0, _children_cpu() - before_children - self.pool_cost)
-        return count / wall, 1000 * (own + children) / count
+        if self.exact:
+            cpu = _tree_cpu() - before
+            shutdown_math_workers()
+        else:
+            own = time.process_time() - before
+            shutdown_math_workers()
+            cpu = own + max(0.0, _children_cpu() - before_children - self.pool_cost)
+        return count / wall, 1000 * cpu / count
 
 
 def countdown_completions(n: int, seed: int = 0) -> tuple[list[str], list[dict]]:
@@ -129,7 +186,7 @@ def main() -> None:
     args = parser.parse_args()
     timeout_s = args.timeout
 
-    data = Path(os.environ.get("PIVOTRL_BENCHMARKS", DEFAULT_DATA))
+    data = find_data()
     meter = Meter(args.workers)
     workers = args.workers or default_pool_size()
     print(

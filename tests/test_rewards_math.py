@@ -55,9 +55,11 @@ def _reference_pairs() -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module", autouse=True)
 def warm_pool():
-    """Start the workers once, so start-up is not inside any timed assertion."""
-    math_reward(r"\boxed{1}", "1.0")
-    math_reward(r"\boxed{1}", "2")
+    """Start the workers once, so start-up is not inside any timed assertion.
+
+    (Scoring "\\boxed{1}" against "1.0" would not: equal numbers are decided without a worker.)
+    """
+    _ready_pool()
     yield
 
 
@@ -194,6 +196,14 @@ def test_local_shortcuts_agree_with_math_verify():
     assert [verdict for _, verdict in decided] == [v.score for v in remote]
 
 
+def test_pool_refuses_pairs_that_are_not_two_strings():
+    pool = get_pool()
+    for bad in ([("1", 2)], [("1",)], ["12"], [None]):
+        with pytest.raises(TypeError, match="pairs of strings"):
+            pool.verify(bad, 1.0)
+    assert [v.score for v in pool.verify([("1/2", "0.5")], 5.0)] == [1.0]
+
+
 def test_math_reward_from_another_thread():
     results: list[float] = []
     thread = threading.Thread(
@@ -296,8 +306,9 @@ def _ready_pool():
     """The pool with every worker started and idle, and an empty verdict cache."""
     pool = get_pool()
     deadline = time.monotonic() + 60
-    while not all(worker.ready for worker in pool.workers) and time.monotonic() < deadline:
-        pool.verify([("1", "1.5")] * 2 * len(pool.workers), 30.0)
+    # A pool starts its workers on its first call (all([]) would be True before it).
+    while not (pool.workers and all(w.ready for w in pool.workers)) and time.monotonic() < deadline:
+        pool.verify([("1", "1.5")] * 2 * pool.size, 30.0)
     clear_math_cache()
     return pool
 

@@ -184,6 +184,15 @@ class MathWorkerPool:
 
     def verify(self, pairs: Sequence[tuple[str, str]], timeout_s: float) -> list[Verdict]:
         """Compare each (prediction, reference) pair, each within ``timeout_s`` of its worker starting on it."""
+        for pair in pairs:
+            if not (
+                isinstance(pair, (tuple, list))
+                and len(pair) == 2
+                and all(isinstance(text, str) for text in pair)
+            ):
+                raise TypeError(
+                    f"verify takes (prediction, reference) pairs of strings, got {repr(pair)[:80]}"
+                )
         if not pairs:
             return []
         if not timeout_s > 0:
