@@ -149,3 +149,24 @@ def test_hf_engine_stops_each_prompt_at_its_own_limit() -> None:
     ended = (out.response_ids == eos).any(dim=1)
     assert torch.equal(out.truncated, ~ended)
     assert (lengths[:3][~ended[:3]] == 2).all() and (lengths[3:][~ended[3:]] == 7).all()
+
+
+def test_batches_are_joined_from_the_field_declarations() -> None:
+    from pivotrl.algorithms.batch import concat_batches
+
+    a = small_batch(ScoredBatch, token_scores=torch.ones(4, 3))
+    wide = ScoredBatch(rewards=torch.tensor([1.0, 0.0]), group_index=torch.tensor([0, 0]),
+                       response_mask=torch.ones(2, 5, dtype=torch.bool), old_logprobs=-torch.ones(2, 5),
+                       token_scores=torch.full((2, 5), 2.0))
+    joined = concat_batches([a, wide])
+    assert type(joined) is ScoredBatch and joined.response_mask.shape == (6, 5)
+    assert joined.group_index.tolist() == [0, 0, 1, 1, 2, 2]  # the second batch's group 0 stays its own
+    assert not joined.response_mask[:4, 3:].any() and (joined.token_scores[4:] == 2).all()
+    with pytest.raises(ValueError, match="token_scores is in some of the batches"):
+        concat_batches([a, small_batch(ScoredBatch)])
+    # NaN means "no pivot" for pivot_values: a batch without them joins with NaN there
+    values = torch.full((4, 3), torch.nan)
+    values[0, 1] = 0.5
+    mixed = concat_batches([small_batch(pivot_values=values), small_batch()])
+    assert mixed.pivot_values[:4].nan_to_num(-1).tolist() == values.nan_to_num(-1).tolist()
+    assert mixed.pivot_values[4:].isnan().all()

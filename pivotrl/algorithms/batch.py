@@ -81,6 +81,41 @@ class TokenBatch:
         return type(self)(**{name: None if value is None else value[rows] for name, value in picked.items()})
 
 
+def concat_batches(batches: list[TokenBatch]) -> TokenBatch:
+    """Batches stacked row-wise: token fields right-padded to the widest, groups kept apart.
+
+    Padding is masked out (mask False, values 0); an optional field absent from some batches
+    is NaN there when NaN means "none" for it (pivot_values), and an error otherwise.
+    """
+    width = max(b.response_mask.shape[1] for b in batches)
+    offsets = torch.tensor([0, *[int(torch.unique(b.group_index).numel()) for b in batches[:-1]]]).cumsum(0)
+    joined: dict[str, Tensor | None] = {
+        "rewards": torch.cat([b.rewards for b in batches]),
+        "group_index": torch.cat([torch.unique(b.group_index, return_inverse=True)[1] + int(o)
+                                  for b, o in zip(batches, offsets, strict=True)]),
+        "response_mask": torch.cat([_pad_columns(b.response_mask, width, False) for b in batches]),
+    }
+    optional = optional_fields(batches[0])
+    for f in fields(batches[0]):
+        if f.name in joined:
+            continue
+        values = [getattr(b, f.name) for b in batches]
+        if all(v is None for v in values):
+            joined[f.name] = None
+            continue
+        present = next(v for v in values if v is not None)
+        if any(v is None for v in values) and (f.name not in optional or f.metadata.get("nan_means") is None):
+            raise ValueError(f"{f.name} is in some of the batches joined and not in the others")
+        filled = [v if v is not None else torch.full(b.response_mask.shape, torch.nan, dtype=present.dtype,
+                                                     device=present.device) for v, b in zip(values, batches, strict=True)]
+        joined[f.name] = torch.cat([_pad_columns(v, width, 0.0) for v in filled])
+    return type(batches[0])(**joined)
+
+
+def _pad_columns(x: Tensor, width: int, value: float | bool) -> Tensor:
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+
 def fields_by_name(batch: TokenBatch | type[TokenBatch]) -> dict[str, Field]:
     return {f.name: f for f in fields(batch)}
 

@@ -45,12 +45,12 @@ from pivotrl.algorithms import (
     estimator_diagnostics,
     loss_denominators,
 )
+from pivotrl.algorithms.batch import concat_batches
 from pivotrl.algorithms.registry import Entry, Registry, unknown
 from pivotrl.evaluation import evaluate_policy
 from pivotrl.modeling.policy import describe, frozen_copy, load_policy
 from pivotrl.rewards.safe import safe_score
 from pivotrl.rollout import Rollout, concat_rollouts, make_engine, select_rows
-from pivotrl.rollout.base import pad_to
 from pivotrl.rollout.branching import branch_and_value
 from pivotrl.tasks import get_task
 from pivotrl.train import checkpoint as ckpt
@@ -451,21 +451,7 @@ class Trainer:
         if not (b.train_on_branches and found):
             return rollout, batch, metrics
         joint = concat_rollouts([rollout, found.rollout], self.tokenizer.pad_token_id)
-        branch_batch, _ = self.token_batch(found.rollout, branch_rewards)
-        width = joint.response_ids.shape[1]
-
-        def stacked(name: str, fill: float) -> torch.Tensor | None:
-            parts = [getattr(batch, name), getattr(branch_batch, name)]
-            if parts[0] is None:
-                return None
-            if parts[1] is None:
-                parts[1] = torch.full_like(found.rollout.response_mask, fill, dtype=parts[0].dtype)
-            return torch.cat([pad_to(x, width, fill, left=False) for x in parts])
-
-        batch = TokenBatch(torch.cat([batch.rewards, branch_rewards.to(batch.rewards.device)]),
-                           joint.group_index.to(batch.rewards.device), joint.response_mask,
-                           stacked("old_logprobs", 0.0), ref_logprobs=stacked("ref_logprobs", 0.0),
-                           entropies=stacked("entropies", 0.0), pivot_values=stacked("pivot_values", torch.nan))
+        batch = concat_batches([batch, self.token_batch(found.rollout, branch_rewards.to(batch.rewards.device))[0]])
         return joint, batch, {**metrics, "rollout/branch_rows_trained": float(found.rollout.response_ids.shape[0])}
 
     def update(self, rollout: Rollout, batch: TokenBatch, advantages: torch.Tensor,
