@@ -224,6 +224,8 @@ def test_config_refuses_what_it_replaces(tmp_path):
         make_config(tmp_path, advantage_estimator="erp")
     with pytest.raises(ValueError, match="no hyperparameter 'gama'"):
         make_config(tmp_path, advantage_estimator="erpo", estimator_kwargs={"gama": 1.0})
+    with pytest.raises(ValueError, match="reads pivot_values, which TRL's rollouts do not make"):
+        make_config(tmp_path, advantage_estimator="pivot_mc")
     with pytest.raises(ValueError, match="loss_type.*loss_agg_mode"):
         make_config(tmp_path, loss_type="grpo")
     with pytest.raises(ValueError, match="top_entropy_quantile.*high_entropy"):

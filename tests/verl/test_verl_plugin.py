@@ -100,6 +100,14 @@ def test_import_verl_registers_everything_by_entry_point():
     assert found["trainers"] == sorted(f"pivotrl_{m}" for m in pv.TRAINER_MODES)
 
 
+def test_pivot_mc_is_not_offered_to_verl_and_says_why():
+    """pivot_mc reads branch values, which verl's rollouts do not make: not registered, refused by name."""
+    assert "pivotrl_pivot_mc" not in core_algos.ADV_ESTIMATOR_REGISTRY
+    assert pv.estimator_name("pivotrl_pivot_mc") is None
+    with pytest.raises(ValueError, match="reads pivot_values, which verl's rollouts do not make"):
+        pv.make_adv_estimator("pivot_mc")
+
+
 def test_discovery_can_be_switched_off():
     code = "import sys, verl\nprint('pivotrl.integrations.verl' in sys.modules)\n"
     env = {"VERL_USE_EXTERNAL_PLUGINS": "none", "PATH": "/usr/bin:/bin"}
