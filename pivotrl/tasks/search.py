@@ -220,10 +220,10 @@ class CountdownSearchTask(SyntheticTask):
             for *_, value, after in legal_moves(tuple(sorted(numbers)), self.max_value)
         )
 
-    def _load(self, split: str) -> ProblemList:
+    def _generate_split(self, split: str, limit: int | None = None) -> ProblemList:
         self._loading = split
         try:
-            return super()._load(split)
+            return super()._generate_split(split, limit)
         finally:
             self._loading = None
 
