@@ -232,6 +232,7 @@ def pretrain(
     ``config.json``, ``generation_config.json``, the tokenizer files and
     ``pretrain.json`` (the recipe).
     """
+    from pivotrl.modeling.policy import quiet_loading
     from pivotrl.modeling.tiny import build_tiny_model, count_parameters
     from pivotrl.modeling.tokenizer import build_char_tokenizer
 
@@ -292,7 +293,8 @@ def pretrain(
         if output_dir is not None:
             out = Path(output_dir)
             out.mkdir(parents=True, exist_ok=True)
-            model.save_pretrained(str(out))
+            with quiet_loading():  # no "Writing model shards" bar in pretrain's output
+                model.save_pretrained(str(out))
             # a fresh copy: calling the tokenizer (as the periodic evaluation does) leaves
             # padding settings in it that would otherwise end up in tokenizer.json
             build_char_tokenizer().save_pretrained(str(out))
