@@ -125,9 +125,13 @@ class Task:
         user_template: the user message of the chat form, same fields.
         instruction: the sentence that says what layout to answer in.
         system_prompt: optional system message of the chat form.
+        max_new_tokens: the longest response a held-out evaluation allows by default.
     """
 
     name: str = "task"
+    #: The longest response a held-out evaluation allows unless told otherwise (``pivotrl eval``,
+    #: ``pivotrl pretrain``'s measurement): the length the task's policies are trained with.
+    max_new_tokens: int = 34
     template: str = "{prompt}\n"
     user_template: str = "{prompt}\n{instruction}"
     instruction: str = FORMAT_INSTRUCTION

@@ -169,6 +169,7 @@ class CountdownSearchTask(SyntheticTask):
     """
 
     name = key_prefix = "countdown_search"
+    max_new_tokens = 224  # configs/search.yaml's rollout length: the longest pretraining trace is about 170 tokens
     default_flaw_weights = {"wrong_step": 0.5, "wrong_answer": 0.5}
     instruction = (
         "Combine the numbers with + - * /, each number at most once, to make the target. "
