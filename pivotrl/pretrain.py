@@ -481,5 +481,5 @@ def run_pretrain_command(
         )
         console.print(
             f"held-out accuracy {res['accuracy']:.3f}  format {res['format']:.3f}  "
-            f"mean response {res['mean_response_tokens']:.1f} tokens{counts}  (n={res['n']})"
+            f"mean response {res['mean_response_tokens']:.1f} tokens{counts}  (n={res['n']})", soft_wrap=True
         )
