@@ -153,13 +153,13 @@ def eval_command(
     """
     import json
 
-    import torch
-
     if (task is None) == (data is None):
         fail("give exactly one of --task NAME or --data FILE")
     if temperature == 0 and k > 1:
         fail(f"--temperature 0 is greedy, so the -k {k} samples of a problem would be copies of one "
              "(pass@k = pass@1); use -k 1, or a temperature > 0")
+    import torch
+
     torch.set_num_threads(threads)
     with user_errors():
         from pivotrl.modeling.devices import check_device
@@ -282,10 +282,10 @@ def analyze(
     """
     import json
 
-    import torch
-
     if not 0 < top_percent < 50:
         fail(f"--top-percent must be between 0 and 50 (the top and bottom k% may not overlap), got {top_percent}")
+    import torch
+
     from pivotrl.algorithms import estimator_requirements
     from pivotrl.analysis.pivots import analyze_policy
     from pivotrl.modeling.policy import frozen_copy, load_policy
