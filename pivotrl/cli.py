@@ -10,6 +10,10 @@ import typer
 from pivotrl.cli_errors import OneLineErrors, fail, user_errors, warn
 from pivotrl.tasks.loaders import MAX_ROW_CHARS
 
+#: pivotrl.evaluation's HELDOUT_PROBLEMS and HELDOUT_BATCH (a test keeps them equal; importing it here
+#: would load torch before any option is checked).
+HELDOUT_PROBLEMS, HELDOUT_BATCH = 1000, 256
+
 app = typer.Typer(cls=OneLineErrors, no_args_is_help=True, add_completion=False, help=__doc__)
 
 
@@ -39,13 +43,19 @@ def pretrain(
     threads: int | None = typer.Option(None, min=1, help="torch threads, fixed for reproducible weights (default: the task's recipe, 1)."),
     imperfect: float | None = typer.Option(None, min=0.0, max=1.0, help="Share of deliberately flawed worked solutions (default: the task's recipe)."),
     evaluate: bool = typer.Option(True, help="Measure held-out accuracy after training."),
-    eval_only: bool = typer.Option(False, "--eval-only", help="Only measure --model (default: the policy shipped for --task)."),
+    eval_only: bool = typer.Option(False, "--eval-only", help="Only measure --model (default: the policy shipped for --task): held-out accuracy as `pivotrl eval --model M --task T` reports it."),
     model: str | None = typer.Option(None, help="Checkpoint folder, or tiny / tiny-search, to measure with --eval-only."),
-    eval_n: int = typer.Option(1000, min=1, help="Held-out problems to measure on."),
+    eval_n: int = typer.Option(HELDOUT_PROBLEMS, min=1, help="The first N held-out problems to measure on (eval's -n)."),
     temperature: float = typer.Option(1.0, min=0.0, help="Sampling temperature of the measurement (0 = greedy)."),
-    eval_seed: int = typer.Option(0, help="Seed of the measurement's sampling."),
+    eval_seed: int = typer.Option(0, help="Seed of the measurement's sampling (eval's --seed)."),
+    max_new_tokens: int | None = typer.Option(None, min=1, help="Longest response of the measurement (default: the task's, as eval: 34, countdown_search 224)."),
 ) -> None:
-    """Warm up a tiny policy on worked solutions (the shipped checkpoints' recipes, one per --task)."""
+    """Warm up a tiny policy on worked solutions (the shipped checkpoints' recipes, one per --task).
+
+    The measurement (after training, or --eval-only) is `pivotrl eval`'s held-out accuracy with its
+    defaults: the first --eval-n problems of the test split, one sample each, seed 0, 256 at once,
+    at most the task's response length, on the CPU with the recipe's threads (1).
+    """
     from pathlib import Path
 
     from pivotrl.modeling.tiny import TINY_MODELS, tiny_policy_path
@@ -77,6 +87,7 @@ def pretrain(
             run_pretrain_command(
                 output_dir=out, config=config, evaluate=evaluate, eval_only=eval_only,
                 model_path=model_path, eval_n=eval_n, temperature=temperature, eval_seed=eval_seed,
+                max_new_tokens=max_new_tokens,
             )
         finally:
             if lock is not None:
@@ -115,64 +126,88 @@ def train(
 
 @app.command("eval")
 def eval_command(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", help="'tiny', 'tiny-search', a checkpoint folder or a hub id")] = "tiny",
     task: Annotated[str | None, typer.Option("--task", help="Task name (countdown, gsm8k, math500, ...)")] = None,
     data: Annotated[Path | None, typer.Option("--data", help="A jsonl/parquet file of problems instead of --task")] = None,
     question_field: Annotated[str, typer.Option(help="Question field of --data")] = "question",
     answer_field: Annotated[str, typer.Option(help="Answer field of --data")] = "answer",
     verifier: Annotated[str, typer.Option(help="Verifier of --data (math, countdown, arithmetic)")] = "math",
-    num_problems: Annotated[int, typer.Option("--num-problems", "-n", min=1, help="First N held-out problems")] = 500,
+    num_problems: Annotated[int, typer.Option("--num-problems", "-n", min=1, help="First N held-out problems (only those are built)")] = HELDOUT_PROBLEMS,
     k: Annotated[int, typer.Option("-k", min=1, help="Samples per problem")] = 1,
     temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature (0: greedy)")] = 1.0,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest response")] = 34,
-    batch_size: Annotated[int, typer.Option(min=1, help="Responses generated at once")] = 256,
+    max_new_tokens: Annotated[int | None, typer.Option(min=1, help="Longest response (default: the task's: 34, countdown_search 224)")] = None,
+    batch_size: Annotated[int, typer.Option(min=1, help="Responses generated at once (it decides which random draws each gets)")] = HELDOUT_BATCH,
     max_chars: Annotated[int, typer.Option(min=1, help="Skip (and count) rows of --data longer than this many characters")] = MAX_ROW_CHARS,
     chat: Annotated[bool, typer.Option(help="Use the tokenizer's chat template")] = False,
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N")] = "auto",
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Samples jsonl (default: eval_samples.jsonl)")] = None,
+    threads: Annotated[int, typer.Option(min=1, help="torch threads (CPU); 1 is fastest on a shared machine (docs/PERFORMANCE.md)")] = 1,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Samples jsonl (default: eval_samples.jsonl); its log beside it, SAMPLES.log.txt")] = None,
 ) -> None:
-    """Evaluate a policy: pass@1 averaged over k samples, pass@k, maj@k, mean length."""
+    """Evaluate a policy: pass@1 averaged over k samples, pass@k, maj@k, mean length.
+
+    The defaults measure what `pivotrl pretrain --eval-only` reports as held-out accuracy: the first
+    1000 problems of the test split, one sample each at T=1 with seed 0, 256 at once, the task's
+    longest response (the same numbers on the same device and thread count).
+    """
     import json
-    import time
 
     if (task is None) == (data is None):
         fail("give exactly one of --task NAME or --data FILE")
     if temperature == 0 and k > 1:
         fail(f"--temperature 0 is greedy, so the -k {k} samples of a problem would be copies of one "
              "(pass@k = pass@1); use -k 1, or a temperature > 0")
+    import torch
+
+    torch.set_num_threads(threads)
     with user_errors():
         from pivotrl.modeling.devices import check_device
+        from pivotrl.progress import Phases
         from pivotrl.tasks import get_task
         from pivotrl.train.run_folder import check_output_file
 
         check_device(device, "--device")
         samples_path = output or Path("eval_samples.jsonl")
         check_output_file(samples_path, "--output")
+        log_path = eval_log_path(samples_path)
+        check_output_file(log_path, "its log")
         the_task = get_task(task) if task is not None else get_task(
             "file", path=str(data), question_field=question_field, answer_field=answer_field, verifier=verifier,
             max_chars=max_chars)
-        every_problem = the_task.problems("test")
-        problems = every_problem[:num_problems]
+        length = max_new_tokens or the_task.max_new_tokens
+        with Phases("eval", progress_console(), settings=ctx.params) as phases:
+            with phases.phase(f"build the first {num_problems} held-out problems"):
+                problems = the_task.problems("test", limit=num_problems)
+            with phases.phase(f"load {model}"):
+                from pivotrl.evaluation import evaluate_policy
+                from pivotrl.modeling.policy import load_policy
+                from pivotrl.rollout import make_engine
 
-        from pivotrl.evaluation import evaluate_policy
-        from pivotrl.modeling.policy import load_policy
-        from pivotrl.rollout import make_engine
-
-        policy, tokenizer = load_policy(model, device=device)
-        engine = make_engine("hf", policy, tokenizer)
-        prompts = [the_task.format_prompt(p, tokenizer, chat=chat) for p in problems]
-        started = time.perf_counter()
-
-        def progress(done: int, total: int) -> None:
-            if done < total:
-                typer.echo(f"evaluating: {done}/{total} problems, {time.perf_counter() - started:.0f} s", err=True)
-
-        result = evaluate_policy(engine, the_task, problems, prompts=prompts, samples_per_problem=k,
-                                 temperature=temperature, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                 seed=seed, samples_path=samples_path, progress=progress)
-    result["skipped_rows"] = every_problem.skipped
+                policy, tokenizer = load_policy(model, device=device)
+                engine = make_engine("hf", policy, tokenizer)
+            phases.log_to(log_path)  # from here on there is work to log (a refusal above leaves no file)
+            prompts = [the_task.format_prompt(p, tokenizer, chat=chat) for p in problems]
+            with phases.phase("evaluating", unit="problems") as update:
+                result = evaluate_policy(engine, the_task, problems, prompts=prompts, samples_per_problem=k,
+                                         temperature=temperature, max_new_tokens=length, batch_size=batch_size,
+                                         seed=seed, samples_path=samples_path, progress=update)
+            result["skipped_rows"] = problems.skipped
+            phases.done(f"accuracy {result['accuracy']:.4f} on {result['num_problems']} problems x {k}, "
+                        f"at most {length} tokens; samples in {samples_path}")
     typer.echo(json.dumps(result, indent=2))
+
+
+def eval_log_path(samples: Path) -> Path:
+    """Where `eval` logs its phases: beside its samples file (eval_samples.jsonl -> eval_samples.log.txt)."""
+    return samples.with_name(f"{samples.stem if samples.suffix else samples.name}.log.txt")
+
+
+def progress_console():
+    """Where the side commands (analyze, eval, credit) show progress: stderr, so stdout keeps their result."""
+    from rich.console import Console
+
+    return Console(stderr=True)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -225,6 +260,7 @@ def report(
 
 @app.command()
 def analyze(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", help="'tiny', 'tiny-search', a checkpoint folder or a hub id")] = "tiny",
     task: Annotated[str, typer.Option("--task", help="Task name")] = "countdown",
     estimator: Annotated[str, typer.Option(help="Estimator whose token credit is shown next to GRPO's")] = "erpo",
@@ -236,37 +272,52 @@ def analyze(
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest response")] = 34,
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
     engine: Annotated[str, typer.Option(help="Rollout engine: hf, or vllm (one GPU)")] = "hf",
-    output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Where entropy.png, tokens.html, pivots.json go")] = Path("runs/analyze"),
+    threads: Annotated[int, typer.Option(min=1, help="torch threads (CPU); 1 is fastest on a shared machine (docs/PERFORMANCE.md)")] = 1,
+    output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Where entropy.png, tokens.html, pivots.json and log.txt go")] = Path("runs/analyze"),
 ) -> None:
-    """Pivot analysis of a policy: entropy histogram, token heat-map, perturbation test at forks."""
+    """Pivot analysis of a policy: entropy histogram, token heat-map, perturbation test at forks.
+
+    Progress goes to stderr (a bar on a terminal, a line per phase otherwise), the seconds of each
+    phase to OUTPUT_DIR/log.txt, the result (also in pivots.json) to stdout.
+    """
     import json
 
     if not 0 < top_percent < 50:
         fail(f"--top-percent must be between 0 and 50 (the top and bottom k% may not overlap), got {top_percent}")
+    import torch
+
     from pivotrl.algorithms import estimator_requirements
     from pivotrl.analysis.pivots import analyze_policy
     from pivotrl.modeling.policy import frozen_copy, load_policy
+    from pivotrl.progress import Phases
     from pivotrl.rollout import make_engine
     from pivotrl.tasks import get_task
     from pivotrl.train.run_folder import check_report_dir, lock_folder
 
+    torch.set_num_threads(threads)
     with user_errors():
         estimator_requirements(estimator)  # an unknown name fails here, not after sampling
         the_task = get_task(task)
         check_report_dir(output_dir)
-        with lock_folder(output_dir, "--output-dir"):
-            problems = the_task.problems("test")[:num_problems]
-            policy, tokenizer = load_policy(model)
-            ref_model = frozen_copy(load_policy(ref)[0]) if ref else None
-            result = analyze_policy(policy, tokenizer, make_engine(engine, policy, tokenizer), the_task, problems,
+        with lock_folder(output_dir, "--output-dir"), \
+                Phases("analyze", progress_console(), output_dir / "log.txt", settings=ctx.params) as phases:
+            with phases.phase(f"build the first {num_problems} held-out problems"):
+                problems = the_task.problems("test", limit=num_problems)
+            with phases.phase(f"load {model}" + (f" and the reference {ref}" if ref else "")):
+                policy, tokenizer = load_policy(model)
+                ref_model = frozen_copy(load_policy(ref)[0]) if ref else None
+                rollout_engine = make_engine(engine, policy, tokenizer)
+            result = analyze_policy(policy, tokenizer, rollout_engine, the_task, problems,
                                     [the_task.format_prompt(p) for p in problems], output_dir, estimator=estimator,
                                     group_size=group_size, max_new_tokens=max_new_tokens, top_percent=top_percent,
-                                    num_perturbations=perturbations, seed=seed, ref_model=ref_model)
+                                    num_perturbations=perturbations, seed=seed, ref_model=ref_model, phases=phases)
+            phases.done(f"pivots.json, entropy.png, tokens.html in {output_dir}")
     typer.echo(json.dumps(result, indent=2))
 
 
 @app.command()
 def credit(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", help="'tiny', a checkpoint folder or a hub id")] = "tiny",
     ref: Annotated[str | None, typer.Option(help="Reference model for ℓ^ref (default: the policy itself)")] = None,
     task: Annotated[str, typer.Option("--task", help="Task name")] = "countdown",
@@ -281,17 +332,22 @@ def credit(
     bootstrap: Annotated[int, typer.Option(min=1, help="Bootstrap resamples for the 95% intervals")] = 1000,
     html_estimators: Annotated[str, typer.Option(help="Comma-separated estimators shown in tokens.html")] = "grpo,erpo",
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
-    threads: Annotated[int, typer.Option(min=1, help="torch threads")] = 1,
+    threads: Annotated[int, typer.Option(min=1, help="torch threads (CPU); 1 is fastest on a shared machine (docs/PERFORMANCE.md)")] = 1,
     engine: Annotated[str, typer.Option(help="Rollout engine: hf, or vllm (one GPU)")] = "hf",
     pivots: Annotated[int, typer.Option(min=1, help="pivot_mc: pivots per response")] = 2,
     branches: Annotated[int, typer.Option(min=1, help="pivot_mc: branches sampled at each pivot (independent of -k)")] = 4,
-    output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Where credit.json, report.md, plots, tokens.html go")] = Path("runs/credit"),
+    output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Where credit.json, report.md, plots, tokens.html and log.txt go")] = Path("runs/credit"),
 ) -> None:
-    """Token advantages of every estimator against Monte-Carlo ground truth A* = V(t+1) - V(t)."""
+    """Token advantages of every estimator against Monte-Carlo ground truth A* = V(t+1) - V(t).
+
+    Progress goes to stderr (a bar on a terminal, a line per phase otherwise), the seconds of each
+    phase to OUTPUT_DIR/log.txt.
+    """
     import torch
 
     from pivotrl.analysis.credit import check_options, run_credit
     from pivotrl.modeling.policy import frozen_copy, load_policy
+    from pivotrl.progress import Phases
     from pivotrl.rollout import make_engine
     from pivotrl.tasks import get_task
     from pivotrl.train.run_folder import check_report_dir, lock_folder
@@ -304,16 +360,21 @@ def credit(
                       bootstrap=bootstrap, html_estimators=shown)
         the_task = get_task(task)
         check_report_dir(output_dir)
-        with lock_folder(output_dir, "--output-dir"):
-            problems = the_task.problems("test")[:num_problems]
-            policy, tokenizer = load_policy(model)
-            ref_model = frozen_copy(load_policy(ref)[0]) if ref else None
-            result = run_credit(policy, tokenizer, make_engine(engine, policy, tokenizer), the_task, problems,
+        with lock_folder(output_dir, "--output-dir"), \
+                Phases("credit", progress_console(), output_dir / "log.txt", settings=ctx.params) as phases:
+            with phases.phase(f"build the first {num_problems} held-out problems"):
+                problems = the_task.problems("test", limit=num_problems)
+            with phases.phase(f"load {model}" + (f" and the reference {ref}" if ref else "")):
+                policy, tokenizer = load_policy(model)
+                ref_model = frozen_copy(load_policy(ref)[0]) if ref else None
+                rollout_engine = make_engine(engine, policy, tokenizer)
+            result = run_credit(policy, tokenizer, rollout_engine, the_task, problems,
                                 [the_task.format_prompt(p) for p in problems], output_dir, model_name=model,
                                 task_name=task, ref_model=ref_model, ref_name=ref, group_size=group_size, k=k,
                                 max_new_tokens=max_new_tokens, temperature=temperature, positions_per_decile=positions,
                                 ablations=ablations, seed=seed, batch_rows=batch_size, bootstrap=bootstrap,
-                                html_estimators=shown, pivots=pivots, branches=branches)
+                                html_estimators=shown, pivots=pivots, branches=branches, phases=phases)
+            phases.done(f"{result['summary']['positions']} positions; report in {output_dir / 'report.md'}")
     wall = result["summary"]["wall_time_s"]["total"]
     typer.echo(f"credit: {result['summary']['positions']} positions in {wall:.0f} s; report: {output_dir / 'report.md'}")
 

@@ -20,6 +20,14 @@ from pivotrl.rewards.safe import safe_score
 from pivotrl.rollout import RolloutEngine
 from pivotrl.tasks.base import Problem, Task
 
+#: What "held-out accuracy" means unless a command is told otherwise, in ``pivotrl eval`` and in
+#: ``pivotrl pretrain``'s measurement alike: the first HELDOUT_PROBLEMS problems of the task's test
+#: split, one response each sampled at temperature 1 from a generator seeded with 0, HELDOUT_BATCH
+#: responses generated at once (the batch decides which random draws each response gets), at most
+#: ``task.max_new_tokens`` new tokens (34; countdown_search 224).
+HELDOUT_PROBLEMS = 1000
+HELDOUT_BATCH = 256
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k)/C(n, k)."""

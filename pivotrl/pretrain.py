@@ -21,7 +21,8 @@ reproducible). Run twice, it writes bit-identical weights (on the same
 machine and torch build).
 
 :func:`heldout_accuracy` measures a policy on held-out problems with plain
-temperature sampling.
+temperature sampling, as ``pivotrl eval`` does (the same problems, response length,
+seed and batch by default: :data:`pivotrl.evaluation.HELDOUT_PROBLEMS`).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class PretrainConfig:
     # periodic evaluation while training (0 = off); does not change the weights
     eval_every: int = 0
     eval_n: int = 200
-    max_new_tokens: int = 48  # longest response when measuring
+    max_new_tokens: int = 48  # longest response of the periodic evaluation (eval_every) while training
 
     def make_task(self, **sizes: Any) -> Any:
         """The recipe's task (``num_numbers`` and ``task_options`` applied) with ``sizes``."""
@@ -232,6 +233,7 @@ def pretrain(
     ``config.json``, ``generation_config.json``, the tokenizer files and
     ``pretrain.json`` (the recipe).
     """
+    from pivotrl.modeling.policy import quiet_loading
     from pivotrl.modeling.tiny import build_tiny_model, count_parameters
     from pivotrl.modeling.tokenizer import build_char_tokenizer
 
@@ -292,7 +294,8 @@ def pretrain(
         if output_dir is not None:
             out = Path(output_dir)
             out.mkdir(parents=True, exist_ok=True)
-            model.save_pretrained(str(out))
+            with quiet_loading():  # no "Writing model shards" bar in pretrain's output
+                model.save_pretrained(str(out))
             # a fresh copy: calling the tokenizer (as the periodic evaluation does) leaves
             # padding settings in it that would otherwise end up in tokenizer.json
             build_char_tokenizer().save_pretrained(str(out))
@@ -324,8 +327,8 @@ def heldout_accuracy(
     temperature: float = 1.0,
     seed: int = 0,
     *,
-    batch_size: int = 250,
-    max_new_tokens: int = 48,
+    batch_size: int | None = None,
+    max_new_tokens: int | None = None,
     split: str = "test",
     chat: bool = False,
 ) -> dict[str, Any]:
@@ -333,20 +336,22 @@ def heldout_accuracy(
 
     :func:`pivotrl.evaluation.evaluate_policy` with the HF engine (``temperature=0``
     means greedy; sampling draws from a generator seeded with ``seed``, leaving the
-    global RNG alone). Returns ``{"accuracy", "format", "n", "mean_response_tokens",
+    global RNG alone): with the defaults (``batch_size`` HELDOUT_BATCH, ``max_new_tokens``
+    the task's), what ``pivotrl eval -n N --seed SEED`` reports as accuracy. Returns ``{"accuracy", "format", "n", "mean_response_tokens",
     "trace_validity_correct", "temperature", "seed", "examples"}`` and the task's
     ``mean_<name>`` counts (``mean_attempts`` for ``countdown_search``); ``format``:
     share in the exact think/answer layout; ``examples``: the first eight responses.
     """
-    from pivotrl.evaluation import evaluate_policy
+    from pivotrl.evaluation import HELDOUT_BATCH, evaluate_policy
     from pivotrl.rollout.hf import HFEngine
 
-    problems = list(task.problems(split)[:n])
+    problems = list(task.problems(split, limit=n))
     if not problems:
         raise ValueError(f"task {task.name!r} has no {split} problems")
     prompts = [task.format_prompt(p, tokenizer=tokenizer, chat=chat) for p in problems]
     result = evaluate_policy(HFEngine(model, tokenizer), task, problems, prompts=prompts, temperature=temperature,
-                             max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, num_examples=8)
+                             max_new_tokens=max_new_tokens or task.max_new_tokens,
+                             batch_size=batch_size or HELDOUT_BATCH, seed=seed, num_examples=8)
     counts = {k: v for k, v in result.items() if k.startswith("mean_") and k != "mean_length"}
     return {"accuracy": result["accuracy"], "format": result["format"], "n": len(problems),
             "mean_response_tokens": result["mean_length"], **counts,
@@ -399,24 +404,26 @@ def evaluate_policy(
     temperature: float = 1.0,
     seed: int = 0,
     threads: int | None = 1,
+    max_new_tokens: int | None = None,
 ) -> dict[str, Any]:
     """:func:`heldout_accuracy` of a saved tiny policy on the held-out problems of ``config``'s task.
 
     ``model_path`` defaults to the checkpoint shipped for that task; ``config``
-    (default: the countdown recipe) gives the task, its options and the longest
-    response. ``threads``: torch threads while measuring (None: leave torch's setting).
+    (default: the countdown recipe) gives the task and its options. ``max_new_tokens``:
+    the longest response (None: the task's, what ``pivotrl eval`` allows by default).
+    ``threads``: torch threads while measuring (None: leave torch's setting).
     """
     from pivotrl.modeling.tiny import load_tiny_policy
 
     cfg = config or PretrainConfig()
     model, tokenizer = load_tiny_policy(model_path or shipped_policy_path(cfg.task))
-    task = cfg.make_task(test_size=max(n, 1))
+    task = cfg.make_task(test_size=max(n, 1))  # the first n held-out problems, whatever n
     old = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
         return heldout_accuracy(model, tokenizer, task, n=n, temperature=temperature, seed=seed,
-                                max_new_tokens=cfg.max_new_tokens)
+                                max_new_tokens=max_new_tokens)
     finally:
         torch.set_num_threads(old)
 
@@ -431,6 +438,7 @@ def run_pretrain_command(
     eval_n: int,
     temperature: float,
     eval_seed: int,
+    max_new_tokens: int | None = None,
 ) -> None:
     """What ``pivotrl pretrain`` does: train and save (unless ``eval_only``), then measure."""
     from rich.console import Console
@@ -458,12 +466,14 @@ def run_pretrain_command(
         target = output_dir
     if eval_only or evaluate:
         where = target or shipped_policy_path(config.task)
+        length = max_new_tokens or config.make_task().max_new_tokens
         console.print(
             f"measuring {where} on {eval_n} held-out {config.task} problems "
-            f"(T={temperature}, at most {config.max_new_tokens} tokens)"
+            f"(T={temperature}, seed {eval_seed}, at most {length} tokens)", soft_wrap=True
         )
         res = evaluate_policy(
-            where, config=config, n=eval_n, temperature=temperature, seed=eval_seed, threads=config.threads
+            where, config=config, n=eval_n, temperature=temperature, seed=eval_seed, threads=config.threads,
+            max_new_tokens=length,
         )
         counts = "".join(
             f"  mean {k.removeprefix('mean_').replace('_', ' ')} {v:.2f}"
@@ -471,5 +481,5 @@ def run_pretrain_command(
         )
         console.print(
             f"held-out accuracy {res['accuracy']:.3f}  format {res['format']:.3f}  "
-            f"mean response {res['mean_response_tokens']:.1f} tokens{counts}  (n={res['n']})"
+            f"mean response {res['mean_response_tokens']:.1f} tokens{counts}  (n={res['n']})", soft_wrap=True
         )

@@ -29,8 +29,7 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,20 +41,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.progress import (  # noqa: E402
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from torch import Tensor  # noqa: E402
 
 from pivotrl.algorithms import ESTIMATORS, TokenBatch, compute_advantages  # noqa: E402
 from pivotrl.analysis.compare import ABLATIONS  # noqa: E402
 from pivotrl.analysis.pivots import token_html  # noqa: E402
+from pivotrl.progress import Phases  # noqa: E402
 from pivotrl.rewards.safe import safe_score  # noqa: E402
 from pivotrl.rollout import Rollout, RolloutEngine  # noqa: E402
 from pivotrl.rollout.branching import branch_and_value  # noqa: E402
@@ -348,26 +339,6 @@ def triplet(low: float, estimate: float, high: float) -> list[float | None]:
     return [float(v) if math.isfinite(v) else None for v in (low, estimate, high)]
 
 
-# -- progress ------------------------------------------------------------------------------------------
-
-
-@contextmanager
-def progress_bar(console: Console, description: str) -> Iterator[Callable[[int, int], None]]:
-    """update(done, total): a rich bar in a terminal, a plain line per update otherwise."""
-    if console.is_terminal:
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("ETA"), TimeRemainingColumn(), console=console) as bar:
-            task = bar.add_task(description, total=None)
-            yield lambda done, total: bar.update(task, completed=done, total=total)
-        return
-    start = time.perf_counter()
-
-    def update(done: int, total: int) -> None:
-        console.print(f"{description}: {done}/{total} ({time.perf_counter() - start:.0f} s)", highlight=False)
-
-    yield update
-
-
 # -- the whole measurement ----------------------------------------------------------------------------
 
 
@@ -395,15 +366,16 @@ def run_credit(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine, ta
                temperature: float = 1.0, positions_per_decile: int | None = None, ablations: bool = False,
                seed: int = 0, batch_rows: int = 4096, bootstrap: int = 1000,
                html_estimators: tuple[str, ...] = ("grpo", "erpo"), pivots: int = 2, branches: int = 4,
-               spacing: int = 4, console: Console | None = None) -> dict[str, Any]:
+               spacing: int = 4, phases: Phases | None = None) -> dict[str, Any]:
     """Sample, estimate A*, score every estimator against it; write credit.json, report.md, plots, tokens.html.
 
     pivot_mc's branches (`pivots` per response, `branches` each, `spacing` apart) are sampled with
     their own generator, independently of the K continuations that estimate A*.
 
+    `phases` shows the progress of each phase and logs its seconds (default: nothing shown).
     Returns the content of credit.json.
     """
-    console = console or Console()
+    phases = phases or Phases()
     check_options(group_size=group_size, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
                   positions_per_decile=positions_per_decile, ablations=ablations, batch_rows=batch_rows,
                   bootstrap=bootstrap, html_estimators=html_estimators)
@@ -412,25 +384,27 @@ def run_credit(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine, ta
     clock = {"start": time.perf_counter()}
     output_dir.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)
-    console.print(f"credit: sampling {len(problems)} prompts x {group_size} responses", highlight=False)
-    rollout = engine.generate(prompts, group_size, max_new_tokens=max_new_tokens, temperature=temperature,
-                              generator=generator)
     answers = [p.answer for p in problems for _ in range(group_size)]
 
     def score(row: int, text: str) -> float:
         return safe_score(task.verifier, text, answers[row])
 
-    rewards = torch.tensor([score(i, t) for i, t in enumerate(rollout.texts)], dtype=torch.float32)
-    mask = rollout.response_mask
-    with torch.no_grad():
-        logprobs, entropies = response_logprobs(model, rollout, temperature=temperature)
-        ref_lp = response_logprobs(ref_model, rollout, temperature=temperature)[0] if ref_model is not None else logprobs
-    console.print(f"credit: pivot_mc's branches ({pivots} pivots x {branches} per response)", highlight=False)
-    values, found, _ = branch_and_value(
-        engine, rollout, entropies, rewards.to(logprobs.device),
-        lambda parents, texts, _lengths: torch.tensor([score(int(p), t) for p, t in zip(parents, texts, strict=True)]),
-        pivots=pivots, spacing=spacing, branches=branches, max_new_tokens=max_new_tokens, temperature=temperature,
-        top_p=1.0, generator=torch.Generator().manual_seed(seed + 1))
+    with phases.phase(f"sample {len(problems)} prompts x {group_size} responses, score, forward"):
+        rollout = engine.generate(prompts, group_size, max_new_tokens=max_new_tokens, temperature=temperature,
+                                  generator=generator)
+        rewards = torch.tensor([score(i, t) for i, t in enumerate(rollout.texts)], dtype=torch.float32)
+        mask = rollout.response_mask
+        with torch.no_grad():
+            logprobs, entropies = response_logprobs(model, rollout, temperature=temperature)
+            ref_lp = (response_logprobs(ref_model, rollout, temperature=temperature)[0] if ref_model is not None
+                      else logprobs)
+    with phases.phase(f"pivot_mc's branches ({pivots} pivots x {branches} per response)"):
+        values, found, _ = branch_and_value(
+            engine, rollout, entropies, rewards.to(logprobs.device),
+            lambda parents, texts, _lengths: torch.tensor([score(int(p), t)
+                                                           for p, t in zip(parents, texts, strict=True)]),
+            pivots=pivots, spacing=spacing, branches=branches, max_new_tokens=max_new_tokens, temperature=temperature,
+            top_p=1.0, generator=torch.Generator().manual_seed(seed + 1))
     batch = TokenBatch(rewards.to(logprobs.device), rollout.group_index.to(logprobs.device), mask, logprobs, ref_lp,
                        entropies, pivot_values=values)
     advantages = {name: adv.double().cpu() for name, adv in estimator_advantages(batch, ablations).items()}
@@ -438,30 +412,32 @@ def run_credit(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine, ta
     positions = select_positions(mask, deciles, positions_per_decile, generator)
     clock["sampled"] = time.perf_counter()
     needed = needed_values(positions, mask.shape[1], mask.shape[0])
-    with progress_bar(console, f"credit: continuations (K={k})") as update:
+    with phases.phase(f"continuations (K={k})", unit="rows") as update:
         table = estimate_values(engine, rollout, rewards, score, needed, k=k, max_new_tokens=max_new_tokens,
                                 temperature=temperature, batch_rows=batch_rows, generator=generator,
                                 progress=update)
     clock["estimated"] = time.perf_counter()
     star, star_se = true_advantages(table, positions)
-    result = assemble_result(
-        rollout, tokenizer, problems, rewards, entropies.double().cpu(), logprobs.double().cpu(), deciles, positions,
-        table, star, star_se, advantages, settings={
-            "temperature": temperature, "max_new_tokens": max_new_tokens, "k": k, "task": task_name, "model": model_name,
-            "ref": ref_name if ref_model is not None else "the policy itself (ERPO's process term is 0)",
-            "num_prompts": len(problems), "group_size": group_size, "seed": seed,
-            "positions_per_decile": positions_per_decile, "ablations": ablations, "bootstrap": bootstrap,
-            "batch_rows": batch_rows, "split": "test", "threads": torch.get_num_threads(),
-            "pivot_mc": {"pivots": pivots, "branches": branches, "spacing": spacing,
-                         "branch_tokens": found.tokens if found else 0, "seed": seed + 1}},
-        rng=np.random.default_rng(seed))
+    settings = {
+        "temperature": temperature, "max_new_tokens": max_new_tokens, "k": k, "task": task_name, "model": model_name,
+        "ref": ref_name if ref_model is not None else "the policy itself (ERPO's process term is 0)",
+        "num_prompts": len(problems), "group_size": group_size, "seed": seed,
+        "positions_per_decile": positions_per_decile, "ablations": ablations, "bootstrap": bootstrap,
+        "batch_rows": batch_rows, "split": "test", "threads": torch.get_num_threads(),
+        "pivot_mc": {"pivots": pivots, "branches": branches, "spacing": spacing,
+                     "branch_tokens": found.tokens if found else 0, "seed": seed + 1}}
+    with phases.phase(f"metrics ({bootstrap} bootstrap resamples)"):
+        result = assemble_result(rollout, tokenizer, problems, rewards, entropies.double().cpu(),
+                                 logprobs.double().cpu(), deciles, positions, table, star, star_se, advantages,
+                                 settings=settings, rng=np.random.default_rng(seed))
     clock["done"] = time.perf_counter()
     result["summary"].update({
         "prefixes": table.prefixes, "continuations": table.continuations,
         "wall_time_s": {"sample_and_forward": clock["sampled"] - clock["start"],
                         "continuations": clock["estimated"] - clock["sampled"],
                         "metrics": clock["done"] - clock["estimated"], "total": clock["done"] - clock["start"]}})
-    write_outputs(result, output_dir, html_estimators)
+    with phases.phase("write credit.json, report.md, plots, tokens.html"):
+        write_outputs(result, output_dir, html_estimators)
     return result
 
 

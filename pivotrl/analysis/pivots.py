@@ -32,6 +32,7 @@ from torch import Tensor  # noqa: E402
 
 from pivotrl.algorithms import TokenBatch, compute_advantages, estimator_requirements  # noqa: E402
 from pivotrl.modeling.policy import lm_parts, positions_from_mask  # noqa: E402
+from pivotrl.progress import Phases  # noqa: E402
 from pivotrl.rewards.safe import safe_score  # noqa: E402
 from pivotrl.rollout import Rollout, RolloutEngine  # noqa: E402
 from pivotrl.rollout.hf import generator_on  # noqa: E402
@@ -191,30 +192,37 @@ def analyze_policy(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine
                    prompts: list[str], output_dir: Path, *, estimator: str = "erpo", group_size: int = 8,
                    max_new_tokens: int = 34, temperature: float = 1.0, top_percent: float = 10.0,
                    num_perturbations: int = 200, max_html_responses: int = 64, seed: int = 0,
-                   ref_model: torch.nn.Module | None = None) -> dict[str, Any]:
-    """Run the whole pivot analysis and write entropy.png, tokens.html and pivots.json in output_dir."""
+                   ref_model: torch.nn.Module | None = None, phases: Phases | None = None) -> dict[str, Any]:
+    """Run the whole pivot analysis and write entropy.png, tokens.html and pivots.json in output_dir.
+
+    `phases` shows the progress of each phase and logs its seconds (default: nothing shown).
+    """
     if not 0 < top_percent < 50:
         raise ValueError(f"top_percent must be in (0, 50), got {top_percent}")
+    phases = phases or Phases()
     output_dir.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)
-    rollout = engine.generate(prompts, group_size, max_new_tokens=max_new_tokens, temperature=temperature,
-                              generator=generator)
     answers = [p.answer for p in problems for _ in range(group_size)]
-    rewards = torch.tensor([safe_score(task.verifier, t, a) for t, a in zip(rollout.texts, answers, strict=True)])
-    mask = rollout.response_mask
-    with torch.no_grad():
-        logprobs, entropies = response_logprobs(model, rollout, temperature=temperature)
-        ref_lp = response_logprobs(ref_model, rollout, temperature=temperature)[0] if ref_model is not None else logprobs
-    batch = TokenBatch(rewards.to(logprobs.device), rollout.group_index.to(logprobs.device), mask, logprobs,
-                       ref_lp if "ref_logprobs" in estimator_requirements(estimator) else None, entropies)
-    adv = compute_advantages(estimator, batch)
-    adv_grpo = compute_advantages("grpo", batch)
-    valid = entropies[mask]
-    high_t = float(valid.quantile(1 - top_percent / 100))
-    low_t = float(valid.quantile(top_percent / 100))
-    plot_entropy_histogram(valid, output_dir / "entropy.png", high_t, low_t)
-    shown = write_html(output_dir / "tokens.html", rollout, tokenizer, entropies, adv, adv_grpo, rewards, estimator,
-                       max_html_responses)
+    with phases.phase(f"sample {len(problems)} prompts x {group_size} responses, score, forward"):
+        rollout = engine.generate(prompts, group_size, max_new_tokens=max_new_tokens, temperature=temperature,
+                                  generator=generator)
+        rewards = torch.tensor([safe_score(task.verifier, t, a) for t, a in zip(rollout.texts, answers, strict=True)])
+        mask = rollout.response_mask
+        with torch.no_grad():
+            logprobs, entropies = response_logprobs(model, rollout, temperature=temperature)
+            ref_lp = (response_logprobs(ref_model, rollout, temperature=temperature)[0] if ref_model is not None
+                      else logprobs)
+    with phases.phase("advantages, entropy.png, tokens.html"):
+        batch = TokenBatch(rewards.to(logprobs.device), rollout.group_index.to(logprobs.device), mask, logprobs,
+                           ref_lp if "ref_logprobs" in estimator_requirements(estimator) else None, entropies)
+        adv = compute_advantages(estimator, batch)
+        adv_grpo = compute_advantages("grpo", batch)
+        valid = entropies[mask]
+        high_t = float(valid.quantile(1 - top_percent / 100))
+        low_t = float(valid.quantile(top_percent / 100))
+        plot_entropy_histogram(valid, output_dir / "entropy.png", high_t, low_t)
+        shown = write_html(output_dir / "tokens.html", rollout, tokenizer, entropies, adv, adv_grpo, rewards,
+                           estimator, max_html_responses)
     verdicts = rewards >= 1.0
     result: dict[str, Any] = {"estimator": estimator, "problems": len(problems), "responses": int(mask.shape[0]),
                               "tokens": int(mask.sum()), "accuracy": float(verdicts.float().mean()),
@@ -224,9 +232,14 @@ def analyze_policy(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine
     for name, select in (("high", mask & (entropies >= high_t)), ("low", mask & (entropies <= low_t))):
         candidates = select.nonzero()
         pick = torch.randperm(len(candidates), generator=generator)[:num_perturbations]
-        flips, kept = (perturb(engine, model, rollout, candidates[pick], task, answers, verdicts,
-                               max_new_tokens=max_new_tokens, temperature=temperature, generator=generator,
-                               keep_token=keep) for keep in (False, True))
+        conditions = []
+        for keep in (False, True):
+            what = "kept, the rest regenerated" if keep else "replaced"
+            with phases.phase(f"perturb {len(pick)} {name}-entropy tokens: {what}"):
+                conditions.append(perturb(engine, model, rollout, candidates[pick], task, answers, verdicts,
+                                          max_new_tokens=max_new_tokens, temperature=temperature,
+                                          generator=generator, keep_token=keep))
+        flips, kept = conditions
         result[f"flips_{name}"] = int(flips.sum())
         result[f"n_{name}"] = int(flips.numel())
         result[f"flip_rate_{name}"] = float(flips.float().mean()) if flips.numel() else math.nan

@@ -40,8 +40,7 @@ def load_policy(
     if name_or_path in TINY_MODELS:
         from pivotrl.modeling.tiny import load_tiny_policy, tiny_policy_path
 
-        with quiet_loading():
-            model, tokenizer = load_tiny_policy(tiny_policy_path(name_or_path))
+        model, tokenizer = load_tiny_policy(tiny_policy_path(name_or_path))
     elif name_or_path == "tiny-random":
         from pivotrl.modeling.tiny import build_tiny_model
         from pivotrl.modeling.tokenizer import build_char_tokenizer
@@ -123,7 +122,8 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
 
 @contextmanager
 def quiet_loading() -> Iterator[None]:
-    """Silence transformers' "Loading weights" progress bar for the block (its previous setting is restored)."""
+    """Silence transformers' progress bars for the block: "Loading weights" (from_pretrained) and
+    "Writing model shards" (save_pretrained). Its previous setting is restored after."""
     from transformers.utils import logging as hf_logging
 
     was_enabled = hf_logging.is_progress_bar_enabled()

@@ -103,9 +103,12 @@ def load_tiny_policy(
         raise FileNotFoundError(
             f"no tiny checkpoint at {path}; make one with `pivotrl pretrain --output-dir {path}`"
         )
+    from pivotrl.modeling.policy import quiet_loading
+
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
     tokenizer.padding_side = "left"
-    model = LlamaForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    with quiet_loading():
+        model = LlamaForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     model.to(device)
     model.eval()
     return model, tokenizer

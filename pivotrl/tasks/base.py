@@ -125,9 +125,13 @@ class Task:
         user_template: the user message of the chat form, same fields.
         instruction: the sentence that says what layout to answer in.
         system_prompt: optional system message of the chat form.
+        max_new_tokens: the longest response a held-out evaluation allows by default.
     """
 
     name: str = "task"
+    #: The longest response a held-out evaluation allows unless told otherwise (``pivotrl eval``,
+    #: ``pivotrl pretrain``'s measurement): the length the task's policies are trained with.
+    max_new_tokens: int = 34
     template: str = "{prompt}\n"
     user_template: str = "{prompt}\n{instruction}"
     instruction: str = FORMAT_INSTRUCTION
@@ -155,20 +159,34 @@ class Task:
         self._cache: dict[str, ProblemList] = {}
 
     # -- problems ----------------------------------------------------------
-    def problems(self, split: str = "train") -> ProblemList:
-        """The problems of ``split`` (``"train"`` or ``"test"``/``"heldout"``).
+    def problems(self, split: str = "train", limit: int | None = None) -> ProblemList:
+        """The problems of ``split`` (``"train"`` or ``"test"``/``"heldout"``); with ``limit``, its first ``limit``.
 
-        Built once per split and cached; the list returned is a copy, so a
-        caller may shuffle it.
+        ``problems(split, limit=n)`` equals ``problems(split)[:n]``, but a task that can
+        (the synthetic ones) builds only those n, not the whole split: what a command
+        that looks at a few problems (``eval -n 8``) asks for. The whole split is built
+        once and cached; the list returned is a copy, so a caller may shuffle it.
         """
         key = normalize_split(split)
+        if limit is not None:
+            if limit < 0:
+                raise ValueError(f"limit must be >= 0 problems, got {limit}")
+            if key not in self._cache:
+                first = self._load_first(key, limit)
+                if first is not None:
+                    return first
         if key not in self._cache:
             self._cache[key] = self._load(key)
         cached = self._cache[key]
-        return ProblemList(cached, source=cached.source, skipped=cached.skipped)
+        return ProblemList(cached[:limit], source=cached.source, skipped=cached.skipped)
 
     def _load(self, split: str) -> ProblemList:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def _load_first(self, split: str, n: int) -> ProblemList | None:
+        """The first ``n`` problems of ``split``, built without the rest; None when the task
+        cannot (then :meth:`problems` builds and caches the whole split)."""
+        return None
 
     # -- scoring -----------------------------------------------------------
     def verifier(self, completion: str, answer: Any) -> float:  # pragma: no cover

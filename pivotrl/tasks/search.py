@@ -169,6 +169,7 @@ class CountdownSearchTask(SyntheticTask):
     """
 
     name = key_prefix = "countdown_search"
+    max_new_tokens = 224  # configs/search.yaml's rollout length: the longest pretraining trace is about 170 tokens
     default_flaw_weights = {"wrong_step": 0.5, "wrong_answer": 0.5}
     instruction = (
         "Combine the numbers with + - * /, each number at most once, to make the target. "
@@ -220,10 +221,10 @@ class CountdownSearchTask(SyntheticTask):
             for *_, value, after in legal_moves(tuple(sorted(numbers)), self.max_value)
         )
 
-    def _load(self, split: str) -> ProblemList:
+    def _generate_split(self, split: str, limit: int | None = None) -> ProblemList:
         self._loading = split
         try:
-            return super()._load(split)
+            return super()._generate_split(split, limit)
         finally:
             self._loading = None
 

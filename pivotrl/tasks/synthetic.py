@@ -209,6 +209,16 @@ class SyntheticTask(Task):
         return stable_fraction(self.key(problem)) < self.heldout_fraction
 
     def _load(self, split: str) -> ProblemList:
+        return self._generate_split(split)
+
+    def _load_first(self, split: str, n: int) -> ProblemList | None:
+        if type(self)._load is not SyntheticTask._load:  # a subclass builds its splits its own way
+            return None
+        return self._generate_split(split, n)
+
+    def _generate_split(self, split: str, limit: int | None = None) -> ProblemList:
+        """The split's problems in their fixed order; with ``limit``, only the first ``limit`` are
+        generated (the same as the whole split's first ones: each is drawn after the ones before)."""
         size, seed = (
             (self.train_size, self.seed) if split == "train" else (self.test_size, self.test_seed)
         )
@@ -218,7 +228,8 @@ class SyntheticTask(Task):
         out: list[Problem] = []
         budget = max(1000, 50 * size)
         misses = 0
-        while len(out) < size:
+        wanted = size if limit is None else min(size, limit)
+        while len(out) < wanted:
             problem = self.generate(rng)
             if problem is None or self.is_heldout(problem) != want_heldout:
                 continue

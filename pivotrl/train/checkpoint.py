@@ -207,11 +207,11 @@ def save_checkpoint(root: Path, step: int, *, model: Any, tokenizer: Any, state:
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    from transformers.utils import logging as hf_logging
+    from pivotrl.modeling.policy import quiet_loading
 
-    hf_logging.disable_progress_bar()
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
+    with quiet_loading():  # no "Writing model shards" bar in the trainer's output
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
     save_state(tmp, state)
     _fsync_tree(tmp)
     if final.exists():  # the same step saved again (e.g. the final save after a periodic one)
