@@ -288,9 +288,7 @@ def analyze(
 
     from pivotrl.algorithms import estimator_requirements
     from pivotrl.analysis.pivots import analyze_policy
-    from pivotrl.modeling.policy import frozen_copy, load_policy
     from pivotrl.progress import Phases
-    from pivotrl.rollout import make_engine
     from pivotrl.tasks import get_task
     from pivotrl.train.run_folder import check_report_dir, lock_folder
 
@@ -301,18 +299,28 @@ def analyze(
         check_report_dir(output_dir)
         with lock_folder(output_dir, "--output-dir"), \
                 Phases("analyze", progress_console(), output_dir / "log.txt", settings=ctx.params) as phases:
-            with phases.phase(f"build the first {num_problems} held-out problems"):
-                problems = the_task.problems("test", limit=num_problems)
-            with phases.phase(f"load {model}" + (f" and the reference {ref}" if ref else "")):
-                policy, tokenizer = load_policy(model)
-                ref_model = frozen_copy(load_policy(ref)[0]) if ref else None
-                rollout_engine = make_engine(engine, policy, tokenizer)
+            problems, policy, tokenizer, ref_model, rollout_engine = _policy_and_problems(
+                phases, the_task, num_problems, model, ref, engine)
             result = analyze_policy(policy, tokenizer, rollout_engine, the_task, problems,
                                     [the_task.format_prompt(p) for p in problems], output_dir, estimator=estimator,
                                     group_size=group_size, max_new_tokens=max_new_tokens, top_percent=top_percent,
                                     num_perturbations=perturbations, seed=seed, ref_model=ref_model, phases=phases)
             phases.done(f"pivots.json, entropy.png, tokens.html in {output_dir}")
     typer.echo(json.dumps(result, indent=2))
+
+
+def _policy_and_problems(phases, task, num_problems: int, model: str, ref: str | None, engine: str):
+    """analyze's and credit's inputs, each step a phase: the first held-out problems, the policy,
+    its reference (a frozen copy of `ref`, or None) and a rollout engine around the policy."""
+    from pivotrl.modeling.policy import frozen_copy, load_policy
+    from pivotrl.rollout import make_engine
+
+    with phases.phase(f"build the first {num_problems} held-out problems"):
+        problems = task.problems("test", limit=num_problems)
+    with phases.phase(f"load {model}" + (f" and the reference {ref}" if ref else "")):
+        policy, tokenizer = load_policy(model)
+        ref_model = frozen_copy(load_policy(ref)[0]) if ref else None
+        return problems, policy, tokenizer, ref_model, make_engine(engine, policy, tokenizer)
 
 
 @app.command()
@@ -346,9 +354,7 @@ def credit(
     import torch
 
     from pivotrl.analysis.credit import check_options, run_credit
-    from pivotrl.modeling.policy import frozen_copy, load_policy
     from pivotrl.progress import Phases
-    from pivotrl.rollout import make_engine
     from pivotrl.tasks import get_task
     from pivotrl.train.run_folder import check_report_dir, lock_folder
 
@@ -362,12 +368,8 @@ def credit(
         check_report_dir(output_dir)
         with lock_folder(output_dir, "--output-dir"), \
                 Phases("credit", progress_console(), output_dir / "log.txt", settings=ctx.params) as phases:
-            with phases.phase(f"build the first {num_problems} held-out problems"):
-                problems = the_task.problems("test", limit=num_problems)
-            with phases.phase(f"load {model}" + (f" and the reference {ref}" if ref else "")):
-                policy, tokenizer = load_policy(model)
-                ref_model = frozen_copy(load_policy(ref)[0]) if ref else None
-                rollout_engine = make_engine(engine, policy, tokenizer)
+            problems, policy, tokenizer, ref_model, rollout_engine = _policy_and_problems(
+                phases, the_task, num_problems, model, ref, engine)
             result = run_credit(policy, tokenizer, rollout_engine, the_task, problems,
                                 [the_task.format_prompt(p) for p in problems], output_dir, model_name=model,
                                 task_name=task, ref_model=ref_model, ref_name=ref, group_size=group_size, k=k,

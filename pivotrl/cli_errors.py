@@ -102,7 +102,7 @@ class OneLineErrors(TyperGroup):
         except click_errors.ClickException as err:
             typer.secho(f"error: {_one_line(err.format_message())}", fg=typer.colors.RED, err=True)
             sys.exit(err.exit_code)
-        except (click_errors.Abort, typer.Abort):
+        except typer.Abort:
             typer.secho("aborted", fg=typer.colors.YELLOW, err=True)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
