@@ -32,9 +32,9 @@ if str(ROOT) not in sys.path:
 from pivotrl.modeling.policy import load_policy  # noqa: E402
 from pivotrl.rollout.base import left_pad  # noqa: E402
 from pivotrl.rollout.branching import pick_pivots, sample_branches  # noqa: E402
+from pivotrl.rollout.forward import response_logprobs  # noqa: E402
 from pivotrl.rollout.hf import HFEngine  # noqa: E402
 from pivotrl.tasks import get_task  # noqa: E402
-from pivotrl.train.forward import response_logprobs  # noqa: E402
 
 
 def separate_prefills(engine: HFEngine, rollout, pivots: torch.Tensor, branches: int, max_new_tokens: int,

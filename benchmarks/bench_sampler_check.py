@@ -19,10 +19,10 @@ import torch
 
 from pivotrl.modeling.policy import frozen_copy, load_policy
 from pivotrl.modeling.tiny import build_tiny_model
+from pivotrl.rollout.forward import response_logprobs
 from pivotrl.rollout.hf import HFEngine
 from pivotrl.tasks import get_task
 from pivotrl.train.config import load_config
-from pivotrl.train.forward import response_logprobs
 from pivotrl.train.recipes import recipe_path
 from pivotrl.train.sampler_check import logprob_diff
 from pivotrl.train.trainer import Trainer

@@ -107,10 +107,11 @@ def train(
     --resume without --config continues with the run folder's own config.yaml; the overrides (and a
     --config) may then change only what run_folder.SAFE_ON_RESUME lists (train.max_steps, ...).
     """
+    from pivotrl.errors import TrainingAborted
     from pivotrl.train import run_folder
     from pivotrl.train.config import load_config
     from pivotrl.train.recipes import default_config_path
-    from pivotrl.train.trainer import Trainer, TrainingAborted
+    from pivotrl.train.trainer import Trainer
 
     overrides = list(ctx.args)
     if output_dir is not None:
@@ -228,7 +229,7 @@ def compare(
     config equals the one this command would launch; otherwise compare refuses, naming the keys.
     """
     from pivotrl.analysis.compare import run_comparison
-    from pivotrl.train.trainer import TrainingAborted
+    from pivotrl.errors import TrainingAborted
 
     with user_errors(TrainingAborted):
         report = run_comparison(config, [m.strip() for m in methods.split(",") if m.strip()], seeds, output_dir,

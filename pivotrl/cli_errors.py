@@ -54,7 +54,7 @@ def describe(err: BaseException) -> str:
 def user_errors(*extra: type[BaseException]) -> Iterator[None]:
     """Turn the user-facing exceptions (USER_ERRORS and `extra`) into `error: ...` and exit code 2,
     and an interrupt into exit code 130 with its message."""
-    from pivotrl.train.interrupts import TrainingInterrupted
+    from pivotrl.errors import TrainingInterrupted
 
     try:
         yield

@@ -233,7 +233,7 @@ def pretrain(
     ``config.json``, ``generation_config.json``, the tokenizer files and
     ``pretrain.json`` (the recipe).
     """
-    from pivotrl.modeling.policy import quiet_loading
+    from pivotrl.modeling.quiet import quiet_loading
     from pivotrl.modeling.tiny import build_tiny_model, count_parameters
     from pivotrl.modeling.tokenizer import build_char_tokenizer
 

@@ -13,8 +13,9 @@ from cli_helpers import SMOKE, assert_user_error, pivotrl
 from typer.testing import CliRunner
 
 from pivotrl.cli import app
+from pivotrl.errors import ConfigError
 from pivotrl.train.checks import check_config
-from pivotrl.train.config import ConfigError, build_config, load_config
+from pivotrl.train.config import build_config, load_config
 from pivotrl.train.trainer import Trainer, preflight
 
 

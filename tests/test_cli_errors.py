@@ -25,7 +25,8 @@ from cli_helpers import (
 )
 
 from pivotrl.algorithms import registry
-from pivotrl.train.config import ConfigError, load_config
+from pivotrl.errors import ConfigError
+from pivotrl.train.config import load_config
 from pivotrl.train.trainer import Trainer, check_group_size
 
 FAST = ["train.max_steps=1", "eval.before_after=false", "checkpoint.every=0"]

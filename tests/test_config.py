@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pivotrl.train.config import ConfigError, RunConfig, dump_config, load_config, parse_override
+from pivotrl.errors import ConfigError
+from pivotrl.train.config import RunConfig, dump_config, load_config, parse_override
 from pivotrl.train.recipes import CONFIG_DIR, default_config_path
 from pivotrl.train.trainer import preflight
 

@@ -8,7 +8,7 @@ import torch
 from pivotrl.modeling.tiny import build_tiny_model
 from pivotrl.modeling.tokenizer import build_char_tokenizer
 from pivotrl.rollout import Rollout
-from pivotrl.train.forward import response_logprobs, shared_prompt_rows
+from pivotrl.rollout.forward import response_logprobs, shared_prompt_rows
 
 GROUP = 3
 

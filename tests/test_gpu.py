@@ -59,8 +59,8 @@ def test_vllm_engine_samples_the_synced_weights_and_only_those() -> None:
     from pivotrl.modeling.tiny import build_tiny_model
     from pivotrl.modeling.tokenizer import build_char_tokenizer
     from pivotrl.rollout.base import left_pad, tokenize_prompts
+    from pivotrl.rollout.forward import response_logprobs
     from pivotrl.rollout.vllm import VLLMEngine
-    from pivotrl.train.forward import response_logprobs
     from pivotrl.train.sampler_check import logprob_diff
 
     tokenizer = build_char_tokenizer()

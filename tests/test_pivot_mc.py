@@ -13,9 +13,10 @@ import torch
 
 from algo_helpers import make_batch, random_batch
 from pivotrl.algorithms import TokenBatch, compute_advantages
+from pivotrl.errors import ConfigError
 from pivotrl.rollout.base import Rollout, left_pad
 from pivotrl.rollout.branching import branch_and_value, pick_pivots
-from pivotrl.train.config import ConfigError, load_config
+from pivotrl.train.config import load_config
 from pivotrl.train.recipes import recipe_path
 from pivotrl.train.trainer import Trainer, preflight
 

@@ -17,8 +17,9 @@ import pytest
 import yaml
 from cli_helpers import SMOKE, assert_user_error, pivotrl, tree_bytes
 
+from pivotrl.errors import FolderBusy
 from pivotrl.train.recipes import recipe_path
-from pivotrl.train.run_folder import LOCK_FILE, FolderBusy, claim_folder, lock_folder
+from pivotrl.train.run_folder import LOCK_FILE, claim_folder, lock_folder
 
 FAST = ["eval.before_after=false", "checkpoint.every=1"]
 

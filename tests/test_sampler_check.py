@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from pivotrl.errors import SamplerMismatch, TrainingAborted
 from pivotrl.modeling.policy import frozen_copy
 from pivotrl.modeling.tiny import build_tiny_model
 from pivotrl.modeling.tokenizer import build_char_tokenizer
 from pivotrl.rollout import concat_rollouts, select_rows
+from pivotrl.rollout.forward import response_logprobs
 from pivotrl.rollout.hf import HFEngine
 from pivotrl.train.config import load_config
-from pivotrl.train.errors import TrainingAborted
-from pivotrl.train.forward import response_logprobs
 from pivotrl.train.recipes import recipe_path
-from pivotrl.train.sampler_check import SamplerCheck, SamplerMismatch, logprob_diff
+from pivotrl.train.sampler_check import SamplerCheck, logprob_diff
 from pivotrl.train.trainer import Trainer
 
 PROMPTS = ["Use 3 5 7 to make 8", "Use 1 2 to make 3", "Use 9 to make 9"]

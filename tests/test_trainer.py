@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from pivotrl.algorithms import ESTIMATORS, POLICY_LOSSES, estimator_requirements
-from pivotrl.train.config import ConfigError, load_config
+from pivotrl.errors import ConfigError, TrainingAborted
+from pivotrl.train.config import load_config
 from pivotrl.train.recipes import recipe_path
-from pivotrl.train.trainer import Trainer, TrainingAborted
+from pivotrl.train.trainer import Trainer
 
 SMOKE = recipe_path("smoke")
 TIMING_KEYS = ("time/", "tokens_per_s")

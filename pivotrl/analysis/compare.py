@@ -88,10 +88,10 @@ def run_comparison(config: Path | None, methods: list[str], seeds: int, output_d
     """
     from pivotrl.analysis.report import report_warnings, write_report
     from pivotrl.analysis.runs import read_run
+    from pivotrl.errors import ConfigError, TrainingInterrupted
     from pivotrl.train import run_folder
     from pivotrl.train.checks import check_config
-    from pivotrl.train.config import ConfigError, load_config
-    from pivotrl.train.interrupts import TrainingInterrupted
+    from pivotrl.train.config import load_config
     from pivotrl.train.recipes import default_config_path
     from pivotrl.train.trainer import check_group_size, preflight
 

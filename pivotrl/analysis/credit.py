@@ -50,7 +50,7 @@ from pivotrl.progress import Phases  # noqa: E402
 from pivotrl.rewards.safe import safe_score  # noqa: E402
 from pivotrl.rollout import Rollout, RolloutEngine  # noqa: E402
 from pivotrl.rollout.branching import branch_and_value  # noqa: E402
-from pivotrl.train.forward import response_logprobs  # noqa: E402
+from pivotrl.rollout.forward import response_logprobs  # noqa: E402
 
 #: ERPO's ablations (ALGORITHMS.md): compare's three, plus the process term switched off.
 ERPO_ABLATIONS: dict[str, dict[str, Any]] = {

@@ -35,8 +35,8 @@ from pivotrl.modeling.policy import lm_parts, positions_from_mask  # noqa: E402
 from pivotrl.progress import Phases  # noqa: E402
 from pivotrl.rewards.safe import safe_score  # noqa: E402
 from pivotrl.rollout import Rollout, RolloutEngine  # noqa: E402
+from pivotrl.rollout.forward import response_logprobs  # noqa: E402
 from pivotrl.rollout.hf import generator_on  # noqa: E402
-from pivotrl.train.forward import response_logprobs  # noqa: E402
 
 
 def flip_ratio_ci(flips_high: int, n_high: int, flips_low: int, n_low: int) -> tuple[float, float, float]:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,8 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+
+from pivotrl.modeling.quiet import quiet_loading
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -118,21 +118,6 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
     except OSError:
         return False
     return True
-
-
-@contextmanager
-def quiet_loading() -> Iterator[None]:
-    """Silence transformers' progress bars for the block: "Loading weights" (from_pretrained) and
-    "Writing model shards" (save_pretrained). Its previous setting is restored after."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 
 
 def _first_line(err: BaseException) -> str:

@@ -103,7 +103,7 @@ def load_tiny_policy(
         raise FileNotFoundError(
             f"no tiny checkpoint at {path}; make one with `pivotrl pretrain --output-dir {path}`"
         )
-    from pivotrl.modeling.policy import quiet_loading
+    from pivotrl.modeling.quiet import quiet_loading
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
     tokenizer.padding_side = "left"

@@ -112,19 +112,6 @@ class RolloutEngine(Protocol):
         ...
 
 
-def make_engine(name: str, model: Any, tokenizer: Any, **options: Any) -> RolloutEngine:
-    """The rollout engine `name` ('hf' or 'vllm') around a policy and its tokenizer."""
-    if name == "hf":
-        from pivotrl.rollout.hf import HFEngine
-
-        return HFEngine(model, tokenizer, **options)
-    if name == "vllm":
-        from pivotrl.rollout.vllm import VLLMEngine
-
-        return VLLMEngine(model, tokenizer, **options)
-    raise ValueError(f"unknown rollout engine {name!r}; known: hf, vllm")
-
-
 def pad_to(x: Tensor, width: int, value: float | bool | int, left: bool) -> Tensor:
     extra = width - x.shape[1]
     if extra == 0:

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
+from pivotrl.errors import ConfigError
 from pivotrl.rollout.base import Rollout, left_pad, tokenize_prompts
-from pivotrl.train.config import ConfigError
 
 #: The vLLM releases whose API this engine follows (also the `vllm` extra in pyproject.toml).
 VLLM_VERSIONS = ">=0.24,<0.25"

@@ -1,5 +1,6 @@
 """The trainer: config, the step loop, checkpoints and loggers."""
 
-from pivotrl.train.config import ConfigError, RunConfig, load_config
+from pivotrl.errors import ConfigError
+from pivotrl.train.config import RunConfig, load_config
 
 __all__ = ["ConfigError", "RunConfig", "load_config"]

@@ -25,15 +25,14 @@ from typing import Any
 
 import torch
 
+from pivotrl.errors import CheckpointError
+
 PREFIX = "step-"
 STATE_JSON = "trainer_state.json"
 STATE_TENSORS = "trainer_state.safetensors"
 LEGACY_STATE = "trainer_state.pt"
 MODEL_FILE = "model.safetensors"
 
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read (damaged, or not readable without running code); names the file."""
 
 
 def checkpoint_dir(root: Path, step: int) -> Path:
@@ -207,7 +206,7 @@ def save_checkpoint(root: Path, step: int, *, model: Any, tokenizer: Any, state:
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    from pivotrl.modeling.policy import quiet_loading
+    from pivotrl.modeling.quiet import quiet_loading
 
     with quiet_loading():  # no "Writing model shards" bar in the trainer's output
         model.save_pretrained(tmp, safe_serialization=True)

@@ -10,8 +10,9 @@ architecture is warned about (it is ignored).
 
 from __future__ import annotations
 
+from pivotrl.errors import ConfigError
 from pivotrl.modeling.devices import check_device
-from pivotrl.train.config import ConfigError, RunConfig
+from pivotrl.train.config import RunConfig
 
 
 def check_config(config: RunConfig) -> list[str]:

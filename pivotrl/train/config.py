@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pivotrl.errors import ConfigError
+
 
 class Section(BaseModel):
     """A config section: unknown keys are errors, every field has a default and a doc."""
@@ -186,9 +188,6 @@ class RunConfig(Section):
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
-
-class ConfigError(ValueError):
-    """A config problem, with the dotted key it concerns in the message."""
 
 
 def unknown_key(key: str, valid: Any, prefix: str = "", what: str = "config key") -> ConfigError:

@@ -10,10 +10,6 @@ from contextlib import contextmanager
 from types import FrameType
 
 
-class TrainingInterrupted(RuntimeError):
-    """Ctrl-C stopped the run; the message says which checkpoint to resume from."""
-
-
 class StopRequest:
     """Set by the SIGINT handler; `defer` says whether a first Ctrl-C may wait for the step to end."""
 

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pivotrl.errors import ConfigError, FolderBusy
 from pivotrl.train.config import (
-    ConfigError,
     RunConfig,
     config_differences,
     describe_differences,
@@ -139,9 +139,6 @@ def check_report_dir(folder: Path, what: str = "--output-dir") -> None:
 
 # -- one writer per folder ------------------------------------------------------------------
 
-
-class FolderBusy(ConfigError):
-    """Another process holds the folder's lock."""
 
 
 class FolderLock:

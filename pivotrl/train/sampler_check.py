@@ -12,11 +12,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from pivotrl.train.errors import TrainingAborted
-
-
-class SamplerMismatch(TrainingAborted):
-    """rollout/logprob_diff stayed above rollout.max_logprob_diff for rollout.logprob_diff_patience steps."""
+from pivotrl.errors import SamplerMismatch
 
 
 def logprob_diff(sampler_logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> float:

@@ -47,19 +47,19 @@ from pivotrl.algorithms import (
 )
 from pivotrl.algorithms.batch import concat_batches
 from pivotrl.algorithms.registry import Entry, Registry, unknown
+from pivotrl.errors import ConfigError, TrainingAborted, TrainingInterrupted
 from pivotrl.evaluation import evaluate_policy
 from pivotrl.modeling.policy import describe, frozen_copy, load_policy
 from pivotrl.rewards.safe import safe_score
 from pivotrl.rollout import Rollout, concat_rollouts, make_engine, select_rows
 from pivotrl.rollout.branching import branch_and_value
+from pivotrl.rollout.forward import response_logprobs
 from pivotrl.tasks import get_task
 from pivotrl.train import checkpoint as ckpt
 from pivotrl.train import run_folder
 from pivotrl.train.checks import check_config
-from pivotrl.train.config import ConfigError, RunConfig, dump_config
-from pivotrl.train.errors import TrainingAborted
-from pivotrl.train.forward import response_logprobs
-from pivotrl.train.interrupts import TrainingInterrupted, sigint_stops_after_step
+from pivotrl.train.config import RunConfig, dump_config
+from pivotrl.train.interrupts import sigint_stops_after_step
 from pivotrl.train.loggers import MetricsLogger, truncate_metrics
 from pivotrl.train.sampler_check import SamplerCheck, logprob_diff
 
@@ -576,7 +576,7 @@ class Trainer:
         """The policy with the weights of checkpoint `path` (safetensors only: nothing in it can run)."""
         from transformers import AutoModelForCausalLM
 
-        from pivotrl.modeling.policy import quiet_loading
+        from pivotrl.modeling.quiet import quiet_loading
 
         device, dtype = next(self.model.parameters()).device, next(self.model.parameters()).dtype
         try:

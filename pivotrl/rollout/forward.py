@@ -1,4 +1,4 @@
-"""The policy forward of the trainer: per-token log-probs and entropies of sampled responses."""
+"""Scoring sampled responses under a model: per-token log-probs and entropies of a rollout's responses."""
 
 from __future__ import annotations
 
