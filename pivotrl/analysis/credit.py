@@ -33,7 +33,7 @@ from pivotrl.analysis.credit_report import write_outputs
 from pivotrl.analysis.credit_stats import (
     METRICS,
     bootstrap_ci,
-    decile_means,
+    entropy_decile_table,
     entropy_deciles,
     estimator_metrics,
     select_positions,
@@ -91,13 +91,13 @@ def check_options(*, group_size: int, k: int, max_new_tokens: int, temperature: 
         raise ValueError(f"unknown estimator(s) for the HTML page: {', '.join(unknown)}; known: {', '.join(known)}")
 
 
-def run_credit(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine, task: Any, problems: list[Any], prompts: list[str],
-               output_dir: Path, *, model_name: str = "", task_name: str = "", ref_model: torch.nn.Module | None = None,
-               ref_name: str | None = None, group_size: int = 8, k: int = 32, max_new_tokens: int = 34,
-               temperature: float = 1.0, positions_per_decile: int | None = None, ablations: bool = False,
-               seed: int = 0, batch_rows: int = 4096, bootstrap: int = 1000,
-               html_estimators: tuple[str, ...] = ("grpo", "erpo"), pivots: int = 2, branches: int = 4,
-               spacing: int = 4, phases: Phases | None = None) -> dict[str, Any]:
+def run_credit(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine, task: Any, problems: list[Any],
+               prompts: list[str], output_dir: Path, *, model_name: str = "", task_name: str = "",
+               ref_model: torch.nn.Module | None = None, ref_name: str | None = None, group_size: int = 8,
+               k: int = 32, max_new_tokens: int = 34, temperature: float = 1.0,
+               positions_per_decile: int | None = None, ablations: bool = False, seed: int = 0,
+               batch_rows: int = 4096, bootstrap: int = 1000, html_estimators: tuple[str, ...] = ("grpo", "erpo"),
+               pivots: int = 2, branches: int = 4, spacing: int = 4, phases: Phases | None = None) -> dict[str, Any]:
     """Sample, estimate A*, score every estimator against it; write credit.json, report.md, plots, tokens.html.
 
     pivot_mc's branches (`pivots` per response, `branches` each, `spacing` apart) are sampled with
@@ -188,9 +188,9 @@ def assemble_result(rollout: Rollout, tokenizer: Any, problems: list[Any], rewar
     responses = []
     for i in range(mask.shape[0]):
         ids = rollout.response_ids[i, : int(lengths[i])].tolist()
+        prompt_ids = rollout.prompt_ids[i][rollout.prompt_mask[i]].tolist()
         responses.append({
-            "prompt": tokenizer.decode(rollout.prompt_ids[i][rollout.prompt_mask[i]].tolist(), skip_special_tokens=True),
-            "prompt_ids": rollout.prompt_ids[i][rollout.prompt_mask[i]].tolist(),
+            "prompt": tokenizer.decode(prompt_ids, skip_special_tokens=True), "prompt_ids": prompt_ids,
             "answer": problems[i // group].answer, "response_ids": ids, "reward": float(rewards[i]),
             "group": i // group, "text": rollout.texts[i], "truncated": bool(rollout.truncated[i]),
             "tokens": [tokenizer.decode([t], skip_special_tokens=False) for t in ids],
@@ -218,26 +218,9 @@ def assemble_result(rollout: Rollout, tokenizer: Any, problems: list[Any], rewar
                              run_lengths, resamples, rng)
     estimators = {name: {metric: triplet(low[e, m], point[e, m], high[e, m]) for m, metric in enumerate(METRICS)}
                   for e, name in enumerate(names)}
-    position_deciles = deciles[rows, ts].numpy()
-    abs_star = np.abs(star_np)
-    point_d = decile_means(abs_star, position_deciles)
-    low_d, high_d = bootstrap_ci(lambda idx, lens: decile_means(abs_star[idx], position_deciles[idx]),
-                                 run_lengths, resamples, rng)
     valid_h = entropies[mask].numpy()
-    valid_d = deciles[mask].numpy()
-    noise = se_np * math.sqrt(2 / math.pi)
-    bound = 1 - logprobs[rows, ts].exp().numpy()
-    decile_rows = []
-    for d in range(10):
-        here = position_deciles == d
-        decile_rows.append({
-            "decile": d + 1, "entropy_low": float(valid_h[valid_d == d].min()) if (valid_d == d).any() else None,
-            "entropy_high": float(valid_h[valid_d == d].max()) if (valid_d == d).any() else None,
-            "positions": int(here.sum()), "mean_abs_advantage_true": triplet(low_d[d], point_d[d], high_d[d]),
-            "noise_floor": float(noise[here].mean()) if here.any() else None,
-            "mean_sq_debiased": float((star_np[here] ** 2 - se_np[here] ** 2).mean()) if here.any() else None,
-            "bound_mean": float(bound[here].mean()) if here.any() else None,
-        })
+    by_entropy = entropy_decile_table(star_np, se_np, 1 - logprobs[rows, ts].exp().numpy(), deciles[rows, ts].numpy(),
+                                      valid_h, deciles[mask].numpy(), run_lengths, resamples, rng)
     oracle = top_mass_share(star_np, top_weights(star_np)) if len(star_np) else math.nan
     summary = {
         "responses": len(responses), "tokens": int(lengths.sum()), "positions": len(position_rows),
@@ -249,6 +232,4 @@ def assemble_result(rollout: Rollout, tokenizer: Any, problems: list[Any], rewar
         "top10_mass_of_true": None if not math.isfinite(oracle) else oracle,
     }
     return {"settings": settings, "summary": summary, "responses": responses, "positions": position_rows,
-            "estimators": estimators,
-            "entropy_deciles": {"deciles": decile_rows,
-                                "top_bottom_ratio": triplet(low_d[10], point_d[10], high_d[10])}}
+            "estimators": estimators, "entropy_deciles": by_entropy}

@@ -95,7 +95,8 @@ def markdown_report(result: dict[str, Any]) -> str:
               f"Ratio of mean |A*|, top decile / bottom decile: **{cell(ratio, '.2f')}**.\n",
               "Noise floor: mean of se·√(2/π), the mean |A*| that tokens whose true advantage is 0 would show; "
               "mean A*² − se² is an unbiased estimate of the mean squared true advantage. "
-              "1 − π(o_t) bounds |A*(t)| for rewards in [0, 1]: a token the policy was sure of cannot move V much.\n",
+              "1 − π(o_t) bounds |A*(t)| for rewards in [0, 1]: "
+              "a token the policy was sure of cannot move V much.\n",
               "![mean |A*| by entropy decile](entropy_deciles.png)\n",
               "![estimators against A*](estimators.png)\n"]
     return "\n".join(lines)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -186,3 +187,32 @@ def triplet(low: float, estimate: float, high: float) -> list[float | None]:
     if not math.isfinite(estimate):
         return [None, None, None]
     return [float(v) if math.isfinite(v) else None for v in (low, estimate, high)]
+
+
+def entropy_decile_table(star: np.ndarray, se: np.ndarray, bound: np.ndarray, position_deciles: np.ndarray,
+                         token_entropies: np.ndarray, token_deciles: np.ndarray, run_lengths: np.ndarray,
+                         resamples: int, rng: np.random.Generator) -> dict[str, Any]:
+    """credit.json's "entropy_deciles": per decile, mean |A*| [95% interval] beside its noise floor and bound.
+
+    `star`, `se`, `bound` (1 - π(o_t)) and `position_deciles` are per position, in contiguous runs of
+    `run_lengths` per response; `token_entropies` and `token_deciles` are every valid token's, for the
+    deciles' entropy ranges. The 95% intervals (each decile's mean |A*|, the ratio top / bottom decile)
+    resample responses `resamples` times with `rng`.
+    """
+    abs_star = np.abs(star)
+    point = decile_means(abs_star, position_deciles)
+    low, high = bootstrap_ci(lambda idx, lens: decile_means(abs_star[idx], position_deciles[idx]),
+                             run_lengths, resamples, rng)
+    noise = se * math.sqrt(2 / math.pi)
+    rows = []
+    for d in range(10):
+        here, entropies_here = position_deciles == d, token_entropies[token_deciles == d]
+        rows.append({
+            "decile": d + 1, "entropy_low": float(entropies_here.min()) if len(entropies_here) else None,
+            "entropy_high": float(entropies_here.max()) if len(entropies_here) else None,
+            "positions": int(here.sum()), "mean_abs_advantage_true": triplet(low[d], point[d], high[d]),
+            "noise_floor": float(noise[here].mean()) if here.any() else None,
+            "mean_sq_debiased": float((star[here] ** 2 - se[here] ** 2).mean()) if here.any() else None,
+            "bound_mean": float(bound[here].mean()) if here.any() else None,
+        })
+    return {"deciles": rows, "top_bottom_ratio": triplet(low[10], point[10], high[10])}
