@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -17,8 +18,19 @@ from pivotrl.tasks.loaders import MAX_ROW_CHARS
 app = typer.Typer(cls=OneLineErrors, no_args_is_help=True, add_completion=False, help=__doc__)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"pivotrl {version('pivotrl')}")
+        raise typer.Exit()
+
+
 @app.callback()
-def main() -> None:
+def main(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print pivotrl's version and exit.")] = False,
+) -> None:
     """pivotrl: token-level credit assignment for RLVR."""
 
 
@@ -94,10 +106,11 @@ def pretrain(
                 lock.release()
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             options_metavar="[OPTIONS] [KEY=VALUE]...")
 def train(
     ctx: typer.Context,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML recipe (default: configs/default.yaml)")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="A recipe: a YAML file, or a shipped recipe by name (grpo, search, quick, ...; default: default)")] = None,
     output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="Run folder (overrides output_dir)")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint in the run folder")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Move a run already in the folder aside (to FOLDER.old-DATE-TIME) and start over")] = False,
@@ -144,13 +157,15 @@ def eval_command(
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N")] = "auto",
     threads: Annotated[int, typer.Option(min=1, help="torch threads (CPU); 1 is fastest on a shared machine (docs/PERFORMANCE.md)")] = 1,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Samples jsonl (default: eval_samples.jsonl); its log beside it, SAMPLES.log.txt")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write every sample to this jsonl file, and a log of the phases beside it (SAMPLES.log.txt); default: no files")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --output file (and its log)")] = False,
 ) -> None:
     """Evaluate a policy: pass@1 averaged over k samples, pass@k, maj@k, mean length.
 
     The defaults measure what `pivotrl pretrain --eval-only` reports as held-out accuracy: the first
     1000 problems of the test split, one sample each at T=1 with seed 0, 256 at once, the task's
-    longest response (the same numbers on the same device and thread count).
+    longest response (the same numbers on the same device and thread count). The result goes to
+    stdout as JSON; with -o FILE every sample goes to FILE (its path in the JSON's samples_file).
     """
     import json
 
@@ -169,10 +184,13 @@ def eval_command(
         from pivotrl.train.run_folder import check_output_file
 
         check_device(device, "--device")
-        samples_path = output or Path("eval_samples.jsonl")
-        check_output_file(samples_path, "--output")
-        log_path = eval_log_path(samples_path)
-        check_output_file(log_path, "its log")
+        samples_path, log_path = output, None
+        if output is not None:
+            log_path = eval_log_path(output)
+            for path, what in ((output, "--output"), (log_path, "its log")):
+                if path.is_file() and not overwrite:
+                    fail(f"{what} {path} exists; pass --overwrite to replace it, or give another --output")
+                check_output_file(path, what)
         the_task = get_task(task) if task is not None else get_task(
             "file", path=str(data), question_field=question_field, answer_field=answer_field, verifier=verifier,
             max_chars=max_chars)
@@ -187,15 +205,18 @@ def eval_command(
 
                 policy, tokenizer = load_policy(model, device=device)
                 engine = make_engine("hf", policy, tokenizer)
-            phases.log_to(log_path)  # from here on there is work to log (a refusal above leaves no file)
+            if log_path is not None:
+                phases.log_to(log_path)  # from here on there is work to log (a refusal above leaves no file)
             prompts = [the_task.format_prompt(p, tokenizer, chat=chat) for p in problems]
             with phases.phase("evaluating", unit="problems") as update:
                 result = evaluate_policy(engine, the_task, problems, prompts=prompts, samples_per_problem=k,
                                          temperature=temperature, max_new_tokens=length, batch_size=batch_size,
                                          seed=seed, samples_path=samples_path, progress=update)
             result["skipped_rows"] = problems.skipped
+            if samples_path is not None:
+                result["samples_file"] = str(samples_path)
             phases.done(f"accuracy {result['accuracy']:.4f} on {result['num_problems']} problems x {k}, "
-                        f"at most {length} tokens; samples in {samples_path}")
+                        f"at most {length} tokens" + (f"; samples in {samples_path}" if samples_path else ""))
     typer.echo(json.dumps(result, indent=2))
 
 
@@ -211,10 +232,11 @@ def progress_console():
     return Console(stderr=True)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             options_metavar="[OPTIONS] [KEY=VALUE]...")
 def compare(
     ctx: typer.Context,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="Base recipe (default: configs/default.yaml)")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="Base recipe: a YAML file, or a shipped recipe by name (default: default)")] = None,
     methods: Annotated[str, typer.Option(help="Comma-separated methods (estimators, or dapo, gspo, tepo, mpo)")] = "grpo,erpo",
     seeds: Annotated[int, typer.Option(min=1, help="Seeds per method")] = 3,
     output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Folder of the runs and the report")] = Path("runs/compare"),
@@ -223,7 +245,8 @@ def compare(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Run again (moving the old run aside) each run in the folder made with another config")] = False,
     set_: Annotated[list[str] | None, typer.Option("--set", help="METHOD:KEY=VALUE, one method's own override (repeatable), e.g. grpo:rollout.group_size=16 to match a branching method's token budget")] = None,
 ) -> None:
-    """Train several methods with everything else equal, then write report.md and plots.
+    """Train several methods with everything else equal, then write report.md and plots; extra
+    arguments are dotted overrides applied to every run (train.max_steps=60 eval.num_problems=500).
 
     A run already in the folder is reused (finished) or resumed (unfinished) only when its saved
     config equals the one this command would launch; otherwise compare refuses, naming the keys.
@@ -270,7 +293,7 @@ def analyze(
     group_size: Annotated[int, typer.Option(min=1, help="Samples per problem")] = 8,
     top_percent: Annotated[float, typer.Option(help="k: perturb the top-k% and bottom-k% entropy tokens (0 < k < 50)")] = 10.0,
     perturbations: Annotated[int, typer.Option(min=1, help="Perturbed positions per side")] = 200,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest response")] = 34,
+    max_new_tokens: Annotated[int | None, typer.Option(min=1, help="Longest response (default: the task's)")] = None,
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
     engine: Annotated[str, typer.Option(help="Rollout engine: hf, or vllm (one GPU)")] = "hf",
     threads: Annotated[int, typer.Option(min=1, help="torch threads (CPU); 1 is fastest on a shared machine (docs/PERFORMANCE.md)")] = 1,
@@ -289,39 +312,44 @@ def analyze(
 
     from pivotrl.algorithms import estimator_requirements
     from pivotrl.analysis.pivots import analyze_policy
-    from pivotrl.progress import Phases
     from pivotrl.tasks import get_task
-    from pivotrl.train.run_folder import check_report_dir, lock_folder
 
     torch.set_num_threads(threads)
     with user_errors():
         estimator_requirements(estimator)  # an unknown name fails here, not after sampling
         the_task = get_task(task)
-        check_report_dir(output_dir)
-        with lock_folder(output_dir, "--output-dir"), \
-                Phases("analyze", progress_console(), output_dir / "log.txt", settings=ctx.params) as phases:
-            problems, policy, tokenizer, ref_model, rollout_engine = _policy_and_problems(
-                phases, the_task, num_problems, model, ref, engine)
+        with _side_run("analyze", ctx, output_dir, the_task, num_problems, model, ref, engine) as (
+                phases, problems, policy, tokenizer, ref_model, rollout_engine):
             result = analyze_policy(policy, tokenizer, rollout_engine, the_task, problems,
                                     [the_task.format_prompt(p) for p in problems], output_dir, estimator=estimator,
-                                    group_size=group_size, max_new_tokens=max_new_tokens, top_percent=top_percent,
-                                    num_perturbations=perturbations, seed=seed, ref_model=ref_model, phases=phases)
+                                    group_size=group_size, max_new_tokens=max_new_tokens or the_task.max_new_tokens,
+                                    top_percent=top_percent, num_perturbations=perturbations, seed=seed,
+                                    ref_model=ref_model, phases=phases)
             phases.done(f"pivots.json, entropy.png, tokens.html in {output_dir}")
     typer.echo(json.dumps(result, indent=2))
 
 
-def _policy_and_problems(phases, task, num_problems: int, model: str, ref: str | None, engine: str):
-    """analyze's and credit's inputs, each step a phase: the first held-out problems, the policy,
-    its reference (a frozen copy of `ref`, or None) and a rollout engine around the policy."""
+@contextmanager
+def _side_run(command: str, ctx: typer.Context, output_dir: Path, task, num_problems: int, model: str,
+              ref: str | None, engine: str):
+    """analyze's and credit's set-up: the output folder checked and locked, the phases shown and logged to
+    OUTPUT_DIR/log.txt; then, each a phase, the first held-out problems, the policy, its reference (a frozen
+    copy of `ref`, or None) and a rollout engine around the policy. Yields (phases, and those five)."""
     from pivotrl.modeling.policy import frozen_copy, load_policy
+    from pivotrl.progress import Phases
     from pivotrl.rollout import make_engine
+    from pivotrl.train.run_folder import check_report_dir, lock_folder
 
-    with phases.phase(f"build the first {num_problems} held-out problems"):
-        problems = task.problems("test", limit=num_problems)
-    with phases.phase(f"load {model}" + (f" and the reference {ref}" if ref else "")):
-        policy, tokenizer = load_policy(model)
-        ref_model = frozen_copy(load_policy(ref)[0]) if ref else None
-        return problems, policy, tokenizer, ref_model, make_engine(engine, policy, tokenizer)
+    check_report_dir(output_dir)
+    with lock_folder(output_dir, "--output-dir"), \
+            Phases(command, progress_console(), output_dir / "log.txt", settings=ctx.params) as phases:
+        with phases.phase(f"build the first {num_problems} held-out problems"):
+            problems = task.problems("test", limit=num_problems)
+        with phases.phase(f"load {model}" + (f" and the reference {ref}" if ref else "")):
+            policy, tokenizer = load_policy(model)
+            ref_model = frozen_copy(load_policy(ref)[0]) if ref else None
+            rollout_engine = make_engine(engine, policy, tokenizer)
+        yield phases, problems, policy, tokenizer, ref_model, rollout_engine
 
 
 @app.command()
@@ -336,7 +364,7 @@ def credit(
     positions: Annotated[int | None, typer.Option(min=1, help="Estimate A* at up to this many positions per entropy decile (default: every position)")] = None,
     ablations: Annotated[bool, typer.Option("--ablations", help="Also score ERPO's ablations")] = False,
     temperature: Annotated[float, typer.Option(help="Sampling temperature (the training temperature)")] = 1.0,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest response")] = 34,
+    max_new_tokens: Annotated[int | None, typer.Option(min=1, help="Longest response (default: the task's)")] = None,
     batch_size: Annotated[int, typer.Option(min=1, help="Continuation rows per generate call")] = 4096,
     bootstrap: Annotated[int, typer.Option(min=1, help="Bootstrap resamples for the 95% intervals")] = 1000,
     html_estimators: Annotated[str, typer.Option(help="Comma-separated estimators shown in tokens.html")] = "grpo,erpo",
@@ -355,22 +383,18 @@ def credit(
     import torch
 
     from pivotrl.analysis.credit import check_options, run_credit
-    from pivotrl.progress import Phases
     from pivotrl.tasks import get_task
-    from pivotrl.train.run_folder import check_report_dir, lock_folder
 
     shown = tuple(e.strip() for e in html_estimators.split(",") if e.strip())
     torch.set_num_threads(threads)
     with user_errors():
+        the_task = get_task(task)
+        max_new_tokens = max_new_tokens or the_task.max_new_tokens
         check_options(group_size=group_size, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
                       positions_per_decile=positions, ablations=ablations, batch_rows=batch_size,
                       bootstrap=bootstrap, html_estimators=shown)
-        the_task = get_task(task)
-        check_report_dir(output_dir)
-        with lock_folder(output_dir, "--output-dir"), \
-                Phases("credit", progress_console(), output_dir / "log.txt", settings=ctx.params) as phases:
-            problems, policy, tokenizer, ref_model, rollout_engine = _policy_and_problems(
-                phases, the_task, num_problems, model, ref, engine)
+        with _side_run("credit", ctx, output_dir, the_task, num_problems, model, ref, engine) as (
+                phases, problems, policy, tokenizer, ref_model, rollout_engine):
             result = run_credit(policy, tokenizer, rollout_engine, the_task, problems,
                                 [the_task.format_prompt(p) for p in problems], output_dir, model_name=model,
                                 task_name=task, ref_model=ref_model, ref_name=ref, group_size=group_size, k=k,

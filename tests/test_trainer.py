@@ -117,6 +117,7 @@ def test_single_forward_step_equals_the_general_loop(tmp_path: Path) -> None:
         assert a[0][key] == pytest.approx(b[0][key], rel=1e-4, abs=1e-6), key
 
 
+@pytest.mark.slow
 def test_tepo_recipe_fires_its_kl_mask(tmp_path: Path) -> None:
     cfg = load_config(recipe_path("tepo"), [f"output_dir={tmp_path}", "model.name_or_path=tiny", "train.max_steps=3",
                                             "eval.before_after=false", "rollout.prompts_per_step=8"])
@@ -202,6 +203,7 @@ def run_cli(out: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONHASHSEED": "0"})
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_gives_identical_metrics(tmp_path: Path) -> None:
     reference = run_cli(tmp_path / "straight")
     assert reference.wait(timeout=300) == 0, reference.stderr.read().decode()
@@ -223,6 +225,7 @@ def test_sigkill_and_resume_gives_identical_metrics(tmp_path: Path) -> None:
     assert {k: v for k, v in again.items() if k != "wall_time_s"} == {k: v for k, v in straight.items() if k != "wall_time_s"}
 
 
+@pytest.mark.slow
 def test_every_seed_starts_from_the_same_heldout_evaluation(tmp_path: Path) -> None:
     """The evaluation samples with its own seed, so the seeds of a comparison share their 'before'."""
     samples = []

@@ -6,6 +6,7 @@ registry.compute_policy_loss aggregates it (token-mean, seq-mean-..., see there)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -87,6 +88,28 @@ def _inputs(batch: TokenBatch, logprobs: Tensor, advantages: Tensor) -> tuple[Te
     )
 
 
+#: log_ratio(ℓ^θ, ℓ^old, mask) -> (N,T): the log of the ratio a loss clips (a token's, a sequence's, a block's).
+LogRatio = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def token_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """log ρ_{i,t} = ℓ^θ_{i,t} − ℓ^old_{i,t}: PPO's token ratio."""
+    return logprobs - old_logprobs
+
+
+def clipped_ratio_loss(
+    batch: TokenBatch, advantages: Tensor, logprobs: Tensor, log_ratio: LogRatio,
+    eps_low: float, eps_high: float, dual_clip: float | None,
+) -> tuple[Tensor, dict[str, float], Tensor, Tensor]:
+    """The body every loss here shares: PPO clip (clipped_surrogate) of the ratio `log_ratio` gives,
+    with each token's advantage. Returns (loss (N,T), metrics, ℓ^θ, A), the last two in compute dtype."""
+    new, old, adv = _inputs(batch, logprobs, advantages)
+    loss, metrics = clipped_surrogate(log_ratio(new, old, batch.response_mask), adv, batch.response_mask,
+                                      eps_low, eps_high, dual_clip)
+    metrics["kl/old_approx"] = _mean(old - new, batch.response_mask)
+    return loss, metrics, new, adv
+
+
 def _add_kl(
     loss: Tensor, metrics: dict[str, float], batch: TokenBatch, logprobs: Tensor,
     beta_kl: float, kl_estimator: str, where: Tensor | None = None,
@@ -109,43 +132,22 @@ def _needs_ref(hp: dict[str, Any]) -> list[str]:
 
 
 @register_policy_loss("ppo", requires=_needs_ref)
-def ppo_loss(
-    batch: TokenBatch,
-    advantages: Tensor,
-    logprobs: Tensor,
-    entropies_new: Tensor | None = None,
-    *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
-    dual_clip: float | None = None,
-    beta_kl: float = 0.0,
-    kl_estimator: str = "k3",
-) -> tuple[Tensor, dict[str, float]]:
+def ppo_loss(batch: TokenBatch, advantages: Tensor, logprobs: Tensor, entropies_new: Tensor | None = None, *,
+             eps_low: float = 0.2, eps_high: float = 0.28, dual_clip: float | None = None,
+             beta_kl: float = 0.0, kl_estimator: str = "k3") -> tuple[Tensor, dict[str, float]]:
     """PPO clip on the token ratio exp(ℓ^θ − ℓ^old). Per-token loss (N,T)."""
-    new, old, adv = _inputs(batch, logprobs, advantages)
-    loss, metrics = clipped_surrogate(new - old, adv, batch.response_mask, eps_low, eps_high, dual_clip)
-    metrics["kl/old_approx"] = _mean(old - new, batch.response_mask)
+    loss, metrics, new, _ = clipped_ratio_loss(batch, advantages, logprobs, token_log_ratio, eps_low, eps_high,
+                                               dual_clip)
     return _add_kl(loss, metrics, batch, new, beta_kl, kl_estimator), metrics
 
 
 @register_policy_loss("gspo", requires=_needs_ref, default_agg="seq-mean-token-mean")
-def gspo_loss(
-    batch: TokenBatch,
-    advantages: Tensor,
-    logprobs: Tensor,
-    entropies_new: Tensor | None = None,
-    *,
-    eps_low: float = 3e-4,
-    eps_high: float = 4e-4,
-    dual_clip: float | None = None,
-    beta_kl: float = 0.0,
-    kl_estimator: str = "k3",
-) -> tuple[Tensor, dict[str, float]]:
+def gspo_loss(batch: TokenBatch, advantages: Tensor, logprobs: Tensor, entropies_new: Tensor | None = None, *,
+              eps_low: float = 3e-4, eps_high: float = 4e-4, dual_clip: float | None = None,
+              beta_kl: float = 0.0, kl_estimator: str = "k3") -> tuple[Tensor, dict[str, float]]:
     """GSPO (2507.18071): PPO clip on the sequence ratio in token form. Per-token loss (N,T)."""
-    new, old, adv = _inputs(batch, logprobs, advantages)
-    log_ratio = sequence_log_ratio(new, old, batch.response_mask)
-    loss, metrics = clipped_surrogate(log_ratio, adv, batch.response_mask, eps_low, eps_high, dual_clip)
-    metrics["kl/old_approx"] = _mean(old - new, batch.response_mask)
+    loss, metrics, new, _ = clipped_ratio_loss(batch, advantages, logprobs, sequence_log_ratio, eps_low, eps_high,
+                                               dual_clip)
     return _add_kl(loss, metrics, batch, new, beta_kl, kl_estimator), metrics
 
 
@@ -154,23 +156,12 @@ def _tepo_requires(hp: dict[str, Any]) -> list[str]:
 
 
 @register_policy_loss("tepo", requires=_tepo_requires)
-def tepo_loss(
-    batch: TokenBatch,
-    advantages: Tensor,
-    logprobs: Tensor,
-    entropies_new: Tensor | None = None,
-    *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
-    dual_clip: float | None = None,
-    beta_kl: float = 0.05,
-    kl_estimator: str = "k3",
-) -> tuple[Tensor, dict[str, float]]:
+def tepo_loss(batch: TokenBatch, advantages: Tensor, logprobs: Tensor, entropies_new: Tensor | None = None, *,
+              eps_low: float = 0.2, eps_high: float = 0.28, dual_clip: float | None = None,
+              beta_kl: float = 0.05, kl_estimator: str = "k3") -> tuple[Tensor, dict[str, float]]:
     """TEPO: sequence-likelihood ratio per token, KL only where A > 0 and H^θ < H. (N,T)."""
-    new, old, adv = _inputs(batch, logprobs, advantages)
-    log_ratio = sequence_log_ratio(new, old, batch.response_mask)
-    loss, metrics = clipped_surrogate(log_ratio, adv, batch.response_mask, eps_low, eps_high, dual_clip)
-    metrics["kl/old_approx"] = _mean(old - new, batch.response_mask)
+    loss, metrics, new, adv = clipped_ratio_loss(batch, advantages, logprobs, sequence_log_ratio, eps_low,
+                                                 eps_high, dual_clip)
     if beta_kl == 0:
         return loss, metrics
     entropy_old = batch.field("entropies", "tepo's KL mask")
@@ -224,25 +215,14 @@ def block_log_ratio(
 
 
 @register_policy_loss("mpo", requires=_needs_ref)
-def mpo_loss(
-    batch: TokenBatch,
-    advantages: Tensor,
-    logprobs: Tensor,
-    entropies_new: Tensor | None = None,
-    *,
-    block_size: int = 5,
-    mode: str = "sliding",
-    future_share: float | None = None,
-    exact: bool = False,
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
-    dual_clip: float | None = None,
-    beta_kl: float = 0.0,
-    kl_estimator: str = "k3",
-) -> tuple[Tensor, dict[str, float]]:
+def mpo_loss(batch: TokenBatch, advantages: Tensor, logprobs: Tensor, entropies_new: Tensor | None = None, *,
+             block_size: int = 5, mode: str = "sliding", future_share: float | None = None,
+             exact: bool = False, eps_low: float = 0.2, eps_high: float = 0.28, dual_clip: float | None = None,
+             beta_kl: float = 0.0, kl_estimator: str = "k3") -> tuple[Tensor, dict[str, float]]:
     """MPO (2602.14386): PPO clip on the K-token block ratio with the token's advantage. (N,T)."""
-    new, old, adv = _inputs(batch, logprobs, advantages)
-    log_ratio = block_log_ratio(new - old, batch.response_mask, block_size, mode, future_share, exact)
-    loss, metrics = clipped_surrogate(log_ratio, adv, batch.response_mask, eps_low, eps_high, dual_clip)
-    metrics["kl/old_approx"] = _mean(old - new, batch.response_mask)
+
+    def blocks(new: Tensor, old: Tensor, mask: Tensor) -> Tensor:
+        return block_log_ratio(new - old, mask, block_size, mode, future_share, exact)
+
+    loss, metrics, new, _ = clipped_ratio_loss(batch, advantages, logprobs, blocks, eps_low, eps_high, dual_clip)
     return _add_kl(loss, metrics, batch, new, beta_kl, kl_estimator), metrics

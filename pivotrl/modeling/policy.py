@@ -48,6 +48,7 @@ def load_policy(
         tokenizer = build_char_tokenizer()
         model = build_tiny_model(tokenizer, seed=seed, **(arch or {}))
     else:
+        name_or_path = model_in_folder(name_or_path)
         options = model_source(name_or_path)
         tokenizer = load_tokenizer(name_or_path, **options)
         try:
@@ -64,6 +65,19 @@ def load_policy(
     tokenizer.padding_side = "left"
     model.to(device=resolve_device(device), dtype=DTYPES[dtype])
     return model, tokenizer
+
+
+def model_in_folder(name_or_path: str) -> str:
+    """The model a local folder holds: the folder itself, or for a training run's folder (which holds
+    checkpoints/step-N, not a model) its newest checkpoint. ValueError for a folder with neither."""
+    folder = Path(name_or_path)
+    if not folder.is_dir() or (folder / "config.json").is_file():
+        return name_or_path
+    steps = sorted(p for p in (folder / "checkpoints").glob("step-*") if (p / "config.json").is_file())
+    if steps:
+        return str(steps[-1])
+    raise ValueError(f"model {name_or_path!r} is a folder without a model (no config.json) and without "
+                     "checkpoints/step-* of a training run; give a model folder, a run folder, or a hub id")
 
 
 def load_tokenizer(name_or_path: str, **options: Any) -> PreTrainedTokenizerBase:

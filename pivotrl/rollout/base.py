@@ -53,6 +53,14 @@ def row_fields(rollout: Rollout | type[Rollout] = Rollout) -> dict[str, str]:
     return {f.name: f.metadata["layout"] for f in fields(rollout) if "layout" in f.metadata}
 
 
+def check_sampling(temperature: float, top_p: float) -> None:
+    """ValueError unless temperature >= 0 (0: greedy) and top_p is in (0, 1] (the nucleus's mass)."""
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (1: the whole distribution), got {top_p}")
+
+
 def tokenize_prompts(tokenizer: Any, prompts: list[str], max_prompt_tokens: int | None) -> list[list[int]]:
     """Each prompt's token ids (special tokens added, truncated to max_prompt_tokens): what every engine feeds its model."""
     enc = tokenizer(prompts, add_special_tokens=True, truncation=max_prompt_tokens is not None,

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from pivotrl.modeling.policy import cache_kwarg, output_cache, positions_from_mask
-from pivotrl.rollout.base import Rollout, left_pad, tokenize_prompts
+from pivotrl.rollout.base import Rollout, check_sampling, left_pad, tokenize_prompts
 
 
 def sample_next(
@@ -164,6 +164,7 @@ class HFEngine:
         max_new_tokens may be a (B,) int tensor, each prompt's own limit: its samples stop
         there (truncated, if no EOS came first).
         """
+        check_sampling(temperature, top_p)
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         generator = generator_on(prompt_ids.device, generator)
         limits = torch.as_tensor(max_new_tokens, device=prompt_ids.device).expand(prompt_ids.shape[0])

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from pivotrl.errors import ConfigError
-from pivotrl.rollout.base import Rollout, left_pad, tokenize_prompts
+from pivotrl.rollout.base import Rollout, check_sampling, left_pad, tokenize_prompts
 
 #: The vLLM releases whose API this engine follows (also the `vllm` extra in pyproject.toml).
 VLLM_VERSIONS = ">=0.24,<0.25"
@@ -100,6 +100,7 @@ class VLLMEngine:
 
         vLLM's prefix cache serves prompts that share a prefix (a response's branches, say).
         """
+        check_sampling(temperature, top_p)
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         ours = [row[keep].tolist() for row, keep in zip(prompt_ids.cpu(), prompt_mask.cpu().bool(), strict=True)]
         limits = torch.as_tensor(max_new_tokens).expand(len(ours)).tolist()

@@ -277,6 +277,7 @@ class FileTask(Task):
     """
 
     name = "file"
+    max_new_tokens = 1024  # a worked math solution: hundreds of tokens, often more
     instruction = MATH_INSTRUCTION
     template = "{prompt}\n{instruction}\n"
 
@@ -390,33 +391,39 @@ class GSM8KTask(_BenchmarkTask):
     """GSM8K: ``gsm8k_train.jsonl`` / ``gsm8k_test.jsonl``; the answer is the number after ``####``."""
 
     name = "gsm8k"
+    max_new_tokens = 1024  # configs/gpu/qwen2.5-math-1.5b-gsm8k-erpo.yaml's rollout length
     files = {"train": "gsm8k_train.jsonl", "test": "gsm8k_test.jsonl"}
     fields = ("question", "answer")
     answer_after = "####"
 
 
+class _CompetitionTask(_BenchmarkTask):
+    """A test-only competition-math benchmark: long worked solutions."""
+
+    max_new_tokens = 3072  # the Qwen2.5-Math recipes' rollout length (configs/gpu/)
+    fields = ("problem", "answer")
+
+
 @register_task("math500")
-class Math500Task(_BenchmarkTask):
+class Math500Task(_CompetitionTask):
     """MATH-500 (test only): ``problem`` / ``answer`` of ``math500.jsonl``."""
 
     name = "math500"
     files = {"test": "math500.jsonl"}
-    fields = ("problem", "answer")
     keep = ("subject", "level", "unique_id")
 
 
 @register_task("aime24")
-class AIME24Task(_BenchmarkTask):
+class AIME24Task(_CompetitionTask):
     """AIME 2024 I and II (test only): ``problem`` / ``answer`` of ``aime24.jsonl``."""
 
     name = "aime24"
     files = {"test": "aime24.jsonl"}
-    fields = ("problem", "answer")
     keep = ("id",)
 
 
 @register_task("amc23")
-class AMC23Task(_BenchmarkTask):
+class AMC23Task(_CompetitionTask):
     """AMC 2023 (test only): ``question`` / ``answer`` of ``amc23.jsonl`` (``27.0`` -> ``"27"``)."""
 
     name = "amc23"

@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pivotrl.errors import ConfigError
+from pivotrl.train.recipes import find_recipe, shipped_recipes
 
 
 class Section(BaseModel):
@@ -208,6 +209,15 @@ def _section_type(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _section_holding(key: str, model: type[BaseModel]) -> str | None:
+    """The section of `model` that has a field named `key` ('lr' -> 'train'), or None."""
+    for name, info in model.model_fields.items():
+        section = _section_type(info.annotation)
+        if section is not None and key in section.model_fields:
+            return name
+    return None
+
+
 def _tiny_arch_keys() -> list[str]:
     from pivotrl.modeling.tiny import TINY_ARCH
 
@@ -226,6 +236,9 @@ def _check_keys(data: Any, model: type[BaseModel], prefix: str = "") -> None:
     fields = model.model_fields
     for key, value in data.items():
         if key not in fields:
+            home = _section_holding(key, model)
+            if home is not None:
+                raise ConfigError(f"unknown config key '{prefix}{key}'; did you mean '{prefix}{home}.{key}'?")
             raise unknown_key(key, fields, prefix)
         dotted = f"{prefix}{key}"
         section = _section_type(fields[key].annotation)
@@ -291,11 +304,16 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """A recipe as a dict; a top-level `base: NAME_OR_PATH` is read first and deep-merged under it."""
+    """A recipe as a dict; a top-level `base: NAME_OR_PATH` is read first and deep-merged under it.
+
+    `path` and `base` may name a shipped recipe ('grpo'): see recipes.find_recipe. A base is looked
+    for beside the recipe first, so a folder of one's own recipes can inherit from each other."""
+    path = find_recipe(path)
     if path.is_dir():
         raise ConfigError(f"config file {path} is a folder, not a file; give a YAML file")
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+        raise ConfigError(f"config file {path} does not exist, and no shipped recipe has that name "
+                          f"(shipped: {', '.join(shipped_recipes())})")
     if path.resolve() in seen:
         raise ConfigError(f"'base' of {path} makes a cycle")
     try:
@@ -315,9 +333,8 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     base = data.pop("base", None)
     if base is None:
         return data
-    base_path = Path(base) if str(base).endswith((".yaml", ".yml")) else path.parent / f"{base}.yaml"
-    if not base_path.is_absolute() and not base_path.is_file():
-        base_path = path.parent / base_path
+    beside = path.parent / (base if str(base).endswith((".yaml", ".yml")) else f"{base}.yaml")
+    base_path = beside if beside.is_file() else Path(base)  # a recipe beside this one, else a path or a shipped name
     return _deep_merge(_read_yaml(base_path, (*seen, path.resolve())), data)
 
 

@@ -253,15 +253,15 @@ def move_aside_locked(folder: Path, lock: FolderLock, what: str = "output_dir") 
 
 def claim_model_folder(folder: Path, *, overwrite: bool, what: str = "--output-dir",
                        say: Callable[[str], None] = print) -> FolderLock:
-    """Lock the folder a model is saved to (pretrain's), refusing one that already holds a model or
-    a run unless `overwrite`, which moves it aside; a shipped policy's folder is named as such."""
+    """Lock the folder a model is saved to (pretrain's), refusing one that holds anything (a model, a run,
+    other files) unless `overwrite`, which moves it aside; a shipped policy's folder is named as such."""
     lock = claim_folder(folder, what)
     try:
-        found = model_contents(folder) + run_contents(folder)
+        found = sorted(p.name for p in folder.iterdir() if p.name != LOCK_FILE) if folder.is_dir() else []
         if found and not overwrite:
             shipped = folder.resolve().parent == SHIPPED_MODELS
             held = f"is a shipped policy's folder ({SHIPPED_MODELS.name}/{folder.resolve().name})" if shipped \
-                else "already holds a model"
+                else "already holds a model" if model_contents(folder) + run_contents(folder) else "is not empty"
             raise ConfigError(f"{what} {folder} {held}: {', '.join(found)}; save over it with --overwrite (what "
                               f"is there is moved aside, not deleted), or pick another {what}")
         if found:
