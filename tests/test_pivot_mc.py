@@ -167,9 +167,10 @@ def smoke(tmp_path: Path, *overrides: str):
     return load_config(recipe_path("smoke"), [f"output_dir={tmp_path}", "eval.before_after=false", *overrides])
 
 
-@pytest.mark.parametrize("train_on_branches", [False, True])
-def test_the_trainer_branches_and_counts_every_sampled_token(tmp_path: Path, train_on_branches: bool) -> None:
-    cfg = smoke(tmp_path, "algorithm.estimator=pivot_mc", "rollout.branch.pivots=2", "rollout.branch.branches=2",
+@pytest.mark.parametrize("estimator,train_on_branches", [("pivot_mc", False), ("pivot_mc", True), ("grpo", True)])
+def test_the_trainer_branches_and_counts_every_sampled_token(tmp_path: Path, estimator: str,
+                                                             train_on_branches: bool) -> None:
+    cfg = smoke(tmp_path, f"algorithm.estimator={estimator}", "rollout.branch.pivots=2", "rollout.branch.branches=2",
                 f"rollout.branch.train_on_branches={str(train_on_branches).lower()}", "train.max_steps=2")
     Trainer(cfg).run()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -180,6 +181,9 @@ def test_the_trainer_branches_and_counts_every_sampled_token(tmp_path: Path, tra
         assert (r["rollout/rows"] > rows) == train_on_branches
         if train_on_branches:
             assert r["rollout/rows"] == rows + r["rollout/branch_rows_trained"]
+        assert 0.0 <= r["rollout/branch_groups_agree"] <= 1.0
+        # the sampler check on the branches: the HF engine samples the continuations from this very policy
+        assert 0.0 <= r["rollout/branch_logprob_diff"] < 1e-4
 
 
 def test_grpo_logs_its_generated_tokens_and_no_branches(tmp_path: Path) -> None:

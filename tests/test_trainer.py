@@ -37,8 +37,11 @@ def without_timings(records: list[dict]) -> list[dict]:
 
 @pytest.mark.parametrize("estimator", sorted(ESTIMATORS))
 def test_every_estimator_runs_four_steps(tmp_path: Path, estimator: str) -> None:
-    branching = ["rollout.branch.pivots=1"] if "pivot_values" in estimator_requirements(estimator) else []
-    summary = Trainer(smoke(tmp_path, f"algorithm.estimator={estimator}", "eval.before_after=false", *branching)).run()
+    needs = estimator_requirements(estimator)
+    branching = ["rollout.branch.pivots=1"] if "pivot_values" in needs else []
+    free = ["task.options.free=2", "rollout.max_new_tokens=24"] if "free_mask" in needs else []
+    summary = Trainer(smoke(tmp_path, f"algorithm.estimator={estimator}", "eval.before_after=false", *branching,
+                            *free)).run()
     records = read_metrics(tmp_path)
     assert [r["step"] for r in records] == [1, 2, 3, 4] and summary["steps"] == 4
     for key in ("reward/mean", "reward/std", "accuracy", "response_length/mean", "entropy/mean", "pivots/frac",

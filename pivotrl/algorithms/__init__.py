@@ -3,7 +3,7 @@
     from pivotrl.algorithms import TokenBatch, compute_advantages, compute_policy_loss
 """
 
-from pivotrl.algorithms import baselines, entropy, erpo, losses, pivot_mc  # noqa: F401  (register)
+from pivotrl.algorithms import baselines, entropy, erpo, losses, oracles, pivot_mc  # noqa: F401  (register)
 from pivotrl.algorithms.batch import TokenBatch
 from pivotrl.algorithms.diagnostics import estimator_diagnostics
 from pivotrl.algorithms.registry import (

@@ -37,6 +37,10 @@ class TokenBatch:
     entropies: Tensor | None = optional_field("the rollout policy's token entropies")
     pivot_values: Tensor | None = optional_field(
         "V̂ before each pivot token, from branches sampled there (rollout.branch)", nan_means="no pivot here")
+    free_mask: Tensor | None = optional_field(
+        "1.0 on the tokens the task marks as free choices (they cannot change the outcome), else 0.0")
+    reachable: Tensor | None = optional_field(
+        "1.0 on the tokens written while the task's target can still be reached, else 0.0")
 
     def __post_init__(self) -> None:
         _check_batch(self)

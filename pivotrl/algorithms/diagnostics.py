@@ -13,7 +13,8 @@ PIVOT_Z = 1.0
 
 def estimator_diagnostics(batch: TokenBatch, advantages: Tensor) -> dict[str, float]:
     """Entropy mean/quantiles, pivot fraction (group entropy z > 1), mean |A| on pivots
-    vs the rest, zero-variance group fraction, response length mean/max."""
+    vs the rest, zero-variance group fraction, response length mean/max; with free_mask,
+    where the credit and the entropy fall (free_token_diagnostics)."""
     mask = batch.response_mask
     dtype = batch.compute_dtype
     gid, num_groups = group_ids(batch.group_index)
@@ -29,6 +30,8 @@ def estimator_diagnostics(batch: TokenBatch, advantages: Tensor) -> dict[str, fl
         "response_length/max": float(lengths.max()) if lengths.numel() else 0.0,
         "adv/abs_mean": float(abs_adv.sum() / max(n_valid, 1)),
     }
+    if batch.free_mask is not None and n_valid:
+        out.update(free_token_diagnostics(batch, abs_adv))
     if batch.entropies is None or n_valid == 0:
         return out
     entropy = batch.field("entropies", "diagnostics")
@@ -46,4 +49,24 @@ def estimator_diagnostics(batch: TokenBatch, advantages: Tensor) -> dict[str, fl
             "adv/abs_mean_rest": float(abs_adv[rest].sum() / max(n_valid - n_pivots, 1)),
         }
     )
+    return out
+
+
+def free_token_diagnostics(batch: TokenBatch, abs_adv: Tensor) -> dict[str, float]:
+    """With the task's free_mask: credit/free_share, the share of Σ|A| on free tokens (NaN when Σ|A| = 0);
+    tokens/free_frac; and with entropies, entropy/free_share (the share of ΣH on free tokens) and the mean
+    entropy of free and of decisive (the other) tokens."""
+    mask = batch.response_mask
+    free = batch.field("free_mask", "free_token_diagnostics") > 0.5
+    decisive = mask & ~free
+    total = abs_adv.sum()
+    out = {"credit/free_share": float(abs_adv[free].sum() / total) if total > 0 else float("nan"),
+           "tokens/free_frac": float(free.sum() / mask.sum())}
+    if batch.entropies is not None:
+        entropy = batch.field("entropies", "free_token_diagnostics")
+        out.update({
+            "entropy/free_share": float(entropy[free].sum() / entropy.sum()) if entropy.sum() > 0 else float("nan"),
+            "entropy/free_mean": float(entropy[free].mean()) if free.any() else float("nan"),
+            "entropy/decisive_mean": float(entropy[decisive].mean()) if decisive.any() else float("nan"),
+        })
     return out

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pivotrl.algorithms import ESTIMATORS, TokenBatch, compute_advantages
+from pivotrl.algorithms import ESTIMATORS, TokenBatch, compute_advantages, estimator_requirements
+from pivotrl.algorithms.batch import optional_fields
 from pivotrl.analysis.compare import ABLATIONS
 from pivotrl.analysis.credit_report import write_outputs
 from pivotrl.analysis.credit_stats import (
@@ -36,6 +37,7 @@ from pivotrl.analysis.credit_stats import (
     entropy_decile_table,
     entropy_deciles,
     estimator_metrics,
+    free_token_table,
     select_positions,
     top_mass_share,
     top_weights,
@@ -47,6 +49,7 @@ from pivotrl.rewards.safe import safe_score
 from pivotrl.rollout import Rollout, RolloutEngine
 from pivotrl.rollout.branching import branch_and_value
 from pivotrl.rollout.forward import response_logprobs
+from pivotrl.rollout.marks import MARK_FIELDS, TokenPieces, rollout_marks
 
 #: ERPO's ablations (ALGORITHMS.md): compare's three, plus the process term switched off.
 ERPO_ABLATIONS: dict[str, dict[str, Any]] = {
@@ -65,9 +68,12 @@ def scored_estimators(ablations: bool = False) -> dict[str, tuple[str, dict[str,
 
 
 def estimator_advantages(batch: TokenBatch, ablations: bool = False) -> dict[str, Tensor]:
-    """Every scored estimator's (N,T) advantages on the batch (see scored_estimators)."""
+    """Every scored estimator's (N,T) advantages on the batch (see scored_estimators), but those that read a
+    field the batch does not have (the oracles on a task without token marks)."""
+    present = {name for name in optional_fields(batch) if getattr(batch, name) is not None}
     return {label: compute_advantages(name, batch, **kwargs)
-            for label, (name, kwargs) in scored_estimators(ablations).items()}
+            for label, (name, kwargs) in scored_estimators(ablations).items()
+            if estimator_requirements(name, **kwargs) <= present}
 
 
 # -- the whole measurement ----------------------------------------------------------------------------
@@ -112,6 +118,13 @@ def run_credit(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine, ta
                   bootstrap=bootstrap, html_estimators=html_estimators)
     if not problems:
         raise ValueError("no problems to sample")
+    marked = {MARK_FIELDS[mark] for mark in task.marks}
+    for label in html_estimators:
+        name, kwargs = scored_estimators(ablations)[label]
+        lacking = estimator_requirements(name, **kwargs) & set(MARK_FIELDS.values()) - marked
+        if lacking:
+            raise ValueError(f"--html-estimators {label}: it reads {', '.join(sorted(lacking))}, token marks that "
+                             f"task {task_name or task.name!r} does not give")
     clock = {"start": time.perf_counter()}
     output_dir.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)
@@ -136,8 +149,10 @@ def run_credit(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine, ta
                                                            for p, t in zip(parents, texts, strict=True)]),
             pivots=pivots, spacing=spacing, branches=branches, max_new_tokens=max_new_tokens, temperature=temperature,
             top_p=1.0, generator=torch.Generator().manual_seed(seed + 1))
+    marks = rollout_marks(rollout, TokenPieces(tokenizer),
+                          lambda pieces, row: task.token_marks(pieces, problems[row // group_size])) if marked else {}
     batch = TokenBatch(rewards.to(logprobs.device), rollout.group_index.to(logprobs.device), mask, logprobs, ref_lp,
-                       entropies, pivot_values=values)
+                       entropies, pivot_values=values, **marks)
     advantages = {name: adv.double().cpu() for name, adv in estimator_advantages(batch, ablations).items()}
     deciles = entropy_deciles(entropies, mask)
     positions = select_positions(mask, deciles, positions_per_decile, generator)
@@ -160,7 +175,7 @@ def run_credit(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine, ta
     with phases.phase(f"metrics ({bootstrap} bootstrap resamples)"):
         result = assemble_result(rollout, tokenizer, problems, rewards, entropies.double().cpu(),
                                  logprobs.double().cpu(), deciles, positions, table, star, star_se, advantages,
-                                 settings=settings, rng=np.random.default_rng(seed))
+                                 settings=settings, rng=np.random.default_rng(seed), free=marks.get("free_mask"))
     clock["done"] = time.perf_counter()
     result["summary"].update({
         "prefixes": table.prefixes, "continuations": table.continuations,
@@ -175,8 +190,9 @@ def run_credit(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine, ta
 def assemble_result(rollout: Rollout, tokenizer: Any, problems: list[Any], rewards: Tensor, entropies: Tensor,
                     logprobs: Tensor, deciles: Tensor, positions: Tensor, table: ValueTable, star: Tensor,
                     star_se: Tensor, advantages: dict[str, Tensor], *, settings: dict[str, Any],
-                    rng: np.random.Generator) -> dict[str, Any]:
-    """The content of credit.json: settings, responses, positions, per-estimator metrics, entropy deciles.
+                    rng: np.random.Generator, free: Tensor | None = None) -> dict[str, Any]:
+    """The content of credit.json: settings, responses, positions, per-estimator metrics, entropy deciles,
+    and with the task's free marks (`free`, (N,T)) each position's "free" flag and the "free_tokens" table.
 
     Each position also carries `logprob`, log π(o_t | o_<t) at the sampling temperature: with
     rewards in [0,1], |A*(t)| <= 1 - π(o_t) (A*(t) = Σ_{a≠o_t} π(a)·(Q(o_t) − Q(a))), the
@@ -211,6 +227,7 @@ def assemble_result(rollout: Rollout, tokenizer: Any, problems: list[Any], rewar
             "se_before": float(table.se[i, t]), "se_after": float(table.se[i, t + 1]),
             "advantage_true": float(star_np[j]), "se": float(se_np[j]),
             "advantages": {name: float(adv[e, j]) for e, name in enumerate(names)},
+            **({"free": bool(free[i, t] > 0)} if free is not None else {}),
         })
     point = estimator_metrics(adv, star_np, se_np, run_lengths)
     resamples = settings["bootstrap"]
@@ -231,5 +248,11 @@ def assemble_result(rollout: Rollout, tokenizer: Any, problems: list[Any], rewar
         "se_p90": float(np.quantile(se_np, 0.9)) if len(se_np) else None,
         "top10_mass_of_true": None if not math.isfinite(oracle) else oracle,
     }
-    return {"settings": settings, "summary": summary, "responses": responses, "positions": position_rows,
-            "estimators": estimators, "entropy_deciles": by_entropy}
+    result = {"settings": settings, "summary": summary, "responses": responses, "positions": position_rows,
+              "estimators": estimators, "entropy_deciles": by_entropy}
+    if free is not None:
+        free_cpu = free.cpu() > 0
+        result["free_tokens"] = free_token_table(
+            {name: advantages[name][mask].abs().numpy() for name in names}, free_cpu[mask].numpy(),
+            lengths[lengths > 0].numpy(), star_np, se_np, free_cpu[rows, ts].numpy(), run_lengths, resamples, rng)
+    return result

@@ -79,8 +79,10 @@ def markdown_report(result: dict[str, Any]) -> str:
               "*undefined*: no value exists, e.g. an estimator that gives every token of a response the same "
               "advantage (GRPO, Dr. GRPO, RLOO) has nothing left once centred per response. "
               "A uniform spread of |A| puts 0.100 of its mass on the top-10% tokens; "
-              f"|A*| itself puts {_num(m['top10_mass_of_true'])} there.\n",
-              "## Pivots: |A*| by entropy decile\n",
+              f"|A*| itself puts {_num(m['top10_mass_of_true'])} there.\n"]
+    if "free_tokens" in result:
+        lines += free_tokens_section(result["free_tokens"])
+    lines += ["## Pivots: |A*| by entropy decile\n",
               "| decile | entropy (nats) | positions | mean \\|A*\\| [95% CI] | noise floor | mean A*² − se² "
               "| mean 1 − π(o_t) |",
               "|---:|---|---:|---|---:|---:|---:|"]
@@ -100,6 +102,23 @@ def markdown_report(result: dict[str, Any]) -> str:
               "![mean |A*| by entropy decile](entropy_deciles.png)\n",
               "![estimators against A*](estimators.png)\n"]
     return "\n".join(lines)
+
+
+def free_tokens_section(free: dict[str, Any]) -> list[str]:
+    """report.md's lines on the free tokens: where each estimator spends its credit, and what A* is there."""
+    share = free["free_tokens"] / max(free["tokens"], 1)
+    lines = ["## Free tokens: where the credit goes\n",
+             f"The task marks {free['free_tokens']} of {free['tokens']} tokens ({share:.3f}) as free choices, "
+             "which cannot change the outcome. Share of each estimator's Σ|A| on them [95% interval]:\n",
+             "| estimator | share of \\|A\\| on free tokens |", "|---|---:|"]
+    lines += [f"| {name} | {cell(values)} |" for name, values in free["free_share"].items()]
+    lines += ["", "The true advantage on free and on decisive (the other) positions:\n",
+              "| tokens | positions | mean \\|A*\\| [95% CI] | noise floor | mean A*² − se² [95% CI] |",
+              "|---|---:|---|---:|---|"]
+    for side, row in free["advantage_true"].items():
+        lines.append(f"| {side} | {row['positions']} | {cell(row['mean_abs_advantage_true'])} | "
+                     f"{_num(row['noise_floor'])} | {cell(row['mean_sq_debiased'], '.4f')} |")
+    return [*lines, ""]
 
 
 def _num(value: float | None, spec: str = ".3f") -> str:

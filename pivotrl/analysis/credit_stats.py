@@ -216,3 +216,48 @@ def entropy_decile_table(star: np.ndarray, se: np.ndarray, bound: np.ndarray, po
             "bound_mean": float(bound[here].mean()) if here.any() else None,
         })
     return {"deciles": rows, "top_bottom_ratio": triplet(low[10], point[10], high[10])}
+
+
+def free_token_table(token_abs_adv: dict[str, np.ndarray], token_free: np.ndarray, token_lengths: np.ndarray,
+                     star: np.ndarray, se: np.ndarray, position_free: np.ndarray, run_lengths: np.ndarray,
+                     resamples: int, rng: np.random.Generator) -> dict[str, Any]:
+    """credit.json's "free_tokens", for a task that marks free choices (tokens that cannot change the outcome).
+
+    Per estimator, "free_share": the share of its Σ|A| on free tokens, over every valid token
+    (`token_abs_adv` and `token_free` in contiguous runs of `token_lengths` per response). Then the
+    true advantage on free and on the other (decisive) positions: mean |A*|, its noise floor
+    se·√(2/π), and mean A*² − se² (unbiased for the mean squared true advantage). 95% intervals
+    resample responses `resamples` times with `rng`.
+    """
+    names = list(token_abs_adv)
+    stacked = np.stack([token_abs_adv[n] for n in names]) if names else np.zeros((0, len(token_free)))
+
+    def shares(idx: np.ndarray, _lens: np.ndarray) -> np.ndarray:
+        total = stacked[:, idx].sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(total > 0, stacked[:, idx][:, token_free[idx]].sum(axis=1) / total, math.nan)
+
+    point = shares(np.arange(len(token_free)), token_lengths)
+    low, high = bootstrap_ci(shares, token_lengths, resamples, rng)
+    abs_star, sq_debiased = np.abs(star), star ** 2 - se ** 2
+
+    def means(idx: np.ndarray, _lens: np.ndarray) -> np.ndarray:
+        out = []
+        for side in (position_free[idx], ~position_free[idx]):
+            out += [abs_star[idx][side].mean(), sq_debiased[idx][side].mean()] if side.any() else [math.nan] * 2
+        return np.array(out)
+
+    true_point = means(np.arange(len(star)), run_lengths)
+    true_low, true_high = bootstrap_ci(means, run_lengths, resamples, rng)
+    noise = se * math.sqrt(2 / math.pi)
+    sides = {}
+    for j, (side, where) in enumerate((("free", position_free), ("decisive", ~position_free))):
+        sides[side] = {
+            "positions": int(where.sum()),
+            "mean_abs_advantage_true": triplet(true_low[2 * j], true_point[2 * j], true_high[2 * j]),
+            "mean_sq_debiased": triplet(true_low[2 * j + 1], true_point[2 * j + 1], true_high[2 * j + 1]),
+            "noise_floor": float(noise[where].mean()) if where.any() else None,
+        }
+    return {"tokens": int(len(token_free)), "free_tokens": int(token_free.sum()),
+            "free_share": {name: triplet(low[e], point[e], high[e]) for e, name in enumerate(names)},
+            "advantage_true": sides}

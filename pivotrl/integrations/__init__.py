@@ -12,14 +12,20 @@ See docs/INTEGRATIONS.md.
 """
 
 from pivotrl.algorithms import estimator_requirements
+from pivotrl.algorithms.oracles import ORACLES
 
 #: The optional TokenBatch fields an adapter can fill from its engine's batch.
 ADAPTER_FIELDS = frozenset({"ref_logprobs", "entropies"})
 
 
 def check_adaptable(engine: str, estimator: str, **hparams: object) -> None:
-    """ValueError when `estimator` reads a field the engine's rollouts cannot give (pivot_mc's branch values)."""
+    """ValueError when `estimator` reads a field the engine's rollouts cannot give: pivot_mc's branch values,
+    or the task marks the oracles read (they are controls, not methods)."""
     missing = sorted(estimator_requirements(estimator, **hparams) - ADAPTER_FIELDS)
+    if estimator in ORACLES:
+        raise ValueError(f"{estimator!r} is an oracle, a control that reads what only pivotrl's synthetic tasks "
+                         f"know ({', '.join(missing)}), not a method: {engine} does not run it; it runs in "
+                         "pivotrl's own trainer (docs/ALGORITHMS.md, 'Oracles')")
     if missing:
         raise ValueError(f"estimator {estimator!r} reads {', '.join(missing)}, which {engine}'s rollouts do not "
                          "make (they come from pivotrl's branching rollouts): it runs in pivotrl's own trainer, "

@@ -213,6 +213,12 @@ class Task:
         """
         return {}
 
+    @property
+    def marks(self) -> tuple[str, ...]:
+        """The per-token marks this task gives of any response (``token_marks``): ``"free"`` (free choices,
+        which cannot change the outcome) and ``"reachable"`` (the target can still be reached); none by default."""
+        return ()
+
     # -- prompts -----------------------------------------------------------
     def format_prompt(self, problem: Problem, tokenizer: Any = None, chat: bool = False) -> str:
         """The text given to the model for ``problem``.

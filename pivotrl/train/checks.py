@@ -149,7 +149,9 @@ def check_group_size(config: RunConfig) -> str | None:
                        old_logprobs=-torch.linspace(0.1, 2.0, n * t).view(n, t),
                        ref_logprobs=-torch.linspace(0.3, 1.5, n * t).view(n, t),
                        entropies=torch.tensor([[0.1, 2.0, 0.4], [1.5, 0.2, 2.5], [0.7, 3.0, 0.05], [1.1, 0.9, 2.2]]),
-                       pivot_values=torch.tensor([[torch.nan, 0.5, torch.nan]]).expand(n, t))
+                       pivot_values=torch.tensor([[torch.nan, 0.5, torch.nan]]).expand(n, t),
+                       free_mask=torch.tensor([[0.0, 1.0, 0.0]]).expand(n, t),
+                       reachable=torch.tensor([[1.0, 1.0, 0.0]]).expand(n, t))
     if bool((compute_advantages(alg.estimator, probe, **alg.estimator_kwargs) == 0).all()):
         raise ConfigError(
             f"rollout.group_size=1: estimator {alg.estimator!r} gives a response alone in its group a zero "

@@ -40,7 +40,9 @@ from pivotrl.evaluation import evaluate_policy
 from pivotrl.modeling.policy import describe, frozen_copy, load_policy
 from pivotrl.progress import TrainProgress, heldout_table, task_counts
 from pivotrl.rollout import Rollout, make_engine
+from pivotrl.rollout.branching import Branches
 from pivotrl.rollout.forward import response_logprobs, response_logprobs_no_grad
+from pivotrl.rollout.marks import MARK_FIELDS, TokenPieces, rollout_marks
 from pivotrl.tasks import get_task
 from pivotrl.train import checkpoint as ckpt
 from pivotrl.train import run_folder
@@ -97,6 +99,12 @@ class Trainer:
         self.eval_problems = self.eval_task.problems("test")[: cfg.eval.num_problems] if evaluates else []
         if not self.train_problems:
             raise ConfigError(f"task.name={cfg.task.name!r} has no training problems")
+        self.task_fields = {MARK_FIELDS[mark] for mark in self.task.marks}
+        unmarked = self.checks.estimator_needs & set(MARK_FIELDS.values()) - self.task_fields
+        if unmarked:
+            raise ConfigError(f"algorithm.estimator={cfg.algorithm.estimator!r} reads {', '.join(sorted(unmarked))}, "
+                              f"token marks that task {cfg.task.name!r} does not give (countdown, countdown_search "
+                              "and countdown_free do; free_mask needs the task option free)")
         self.model, self.tokenizer = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype,
                                                  device=cfg.model.device, seed=cfg.train.seed, arch=cfg.model.arch)
         self.ref = None
@@ -121,6 +129,7 @@ class Trainer:
         if cfg.rollout.engine == "vllm":
             engine_options.update(gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, seed=cfg.train.seed)
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, **engine_options)
+        self.pieces = TokenPieces(self.tokenizer)
         self.device = next(self.model.parameters()).device
         self.sampler_check = SamplerCheck(cfg.rollout.max_logprob_diff, cfg.rollout.logprob_diff_patience)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr, betas=cfg.train.adam_betas,
@@ -206,16 +215,18 @@ class Trainer:
         rollout, rewards, scores = collected.rollout, collected.rewards, collected.scores
         start = time.perf_counter()
         with self._phase("forward", metrics):  # ℓ^ref, then ℓ^old and H of the policy before any update
-            batch, kept = self.token_batch(rollout, rewards)
+            batch, kept = self.token_batch(rollout, rewards, self.marks(rollout, collected.problems))
             if rollout.sampler_logprobs is not None:  # does the engine sample from this policy?
                 metrics["rollout/logprob_diff"] = logprob_diff(rollout.sampler_logprobs, batch.old_logprobs,
                                                                batch.response_mask)
-                self.sampler_check.observe(metrics["rollout/logprob_diff"], self.step + 1)
         with self._phase("branch", metrics):  # V̂ before each pivot token
             if self.config.rollout.branch.pivots:
-                rollout, batch, branch_metrics = self.branch(rollout, batch, collected.answers)
+                rollout, batch, branch_metrics = self.branch(rollout, batch, collected.problems)
                 metrics.update(branch_metrics)
                 metrics["rollout/tokens_generated"] += branch_metrics["rollout/branch_tokens"]
+        diffs = [metrics[k] for k in ("rollout/logprob_diff", "rollout/branch_logprob_diff") if k in metrics]
+        if diffs:  # does the engine sample from this policy, branches included?
+            self.sampler_check.observe(max(diffs), self.step + 1)
         with self._phase("estimator", metrics):
             advantages = compute_advantages(alg.estimator, batch, **alg.estimator_kwargs)
         with self._phase("update", metrics):
@@ -234,9 +245,20 @@ class Trainer:
         })
         return metrics
 
-    def token_batch(self, rollout: Rollout, rewards: torch.Tensor) -> tuple[TokenBatch, tuple | None]:
-        """The TokenBatch of a scored rollout (ℓ^ref when the method reads it; ℓ^old and H always), and
-        the single forward's (ℓ^θ, H^θ) with their graph when one forward serves the update too."""
+    def marks(self, rollout: Rollout, problems: list, prefixes: list | None = None) -> dict[str, torch.Tensor]:
+        """The task's token marks of the responses (rollout/marks.py): free_mask when the task has free
+        choices, reachable when the estimator reads it; {} otherwise (nothing is computed)."""
+        wanted = {"free_mask"} & self.task_fields | {"reachable"} & self.checks.estimator_needs
+        if not wanted:
+            return {}
+        marks = rollout_marks(rollout, self.pieces, lambda pieces, row: self.task.token_marks(pieces, problems[row]),
+                              prefixes)
+        return {field: value for field, value in marks.items() if field in wanted}
+
+    def token_batch(self, rollout: Rollout, rewards: torch.Tensor,
+                    marks: dict[str, torch.Tensor]) -> tuple[TokenBatch, tuple | None]:
+        """The TokenBatch of a scored rollout (ℓ^ref when the method reads it; ℓ^old and H always; the task's
+        marks), and the single forward's (ℓ^θ, H^θ) with their graph when one forward serves the update too."""
         device = rollout.response_ids.device
         ref_lp = self._forward_all_no_grad(self.ref, rollout, entropies=False)[0] if self.checks.needs_ref else None
         kept = self._forward(self.model, rollout) if self._single_forward(rollout.response_ids.shape[0]) else None
@@ -245,18 +267,25 @@ class Trainer:
         else:
             old_lp, entropies = self._forward_all_no_grad(self.model, rollout)
         batch = TokenBatch(rewards.to(device), rollout.group_index.to(device), rollout.response_mask, old_lp,
-                           ref_logprobs=ref_lp, entropies=entropies)
+                           ref_logprobs=ref_lp, entropies=entropies, **marks)
         return batch, kept
 
-    def branch(self, rollout: Rollout, batch: TokenBatch, answers: list) -> tuple[Rollout, TokenBatch, dict]:
+    def branch(self, rollout: Rollout, batch: TokenBatch, problems: list) -> tuple[Rollout, TokenBatch, dict]:
         """Phase 3 (train/branches.py): pivot_values, and with train_on_branches the branches as rows."""
         r = self.config.rollout
 
         def reward_of(parents: torch.Tensor, texts: list[str], lengths: torch.Tensor) -> torch.Tensor:
-            scores = score_texts(self.task.verifier, texts, [answers[i] for i in parents.tolist()])
+            scores = score_texts(self.task.verifier, texts, [problems[i].answer for i in parents.tolist()])
             return shape_rewards(scores, lengths, r)
 
-        return branch_phase(self.engine, rollout, batch, reward_of, lambda ro, rw: self.token_batch(ro, rw)[0],
+        def branch_batch(found: Branches, rewards: torch.Tensor) -> TokenBatch:
+            parents = found.parent.tolist()
+            prefixes = [rollout.response_ids[i, :p].tolist() for i, p in zip(parents, found.position.tolist(), strict=True)]
+            marks = self.marks(found.rollout, [problems[i] for i in parents], prefixes)
+            return self.token_batch(found.rollout, rewards, marks)[0]
+
+        return branch_phase(self.engine, rollout, batch, reward_of, branch_batch,
+                            lambda sample: self._forward_all_no_grad(self.model, sample, entropies=False)[0],
                             config=r, generator=self.sample_generator)
 
     def update(self, rollout: Rollout, batch: TokenBatch, advantages: torch.Tensor,
