@@ -1,0 +1,170 @@
+"""The tables and plots of docs/EXPERIMENTS.md, "Ceilings": methods and oracles against GRPO, paired by seed.
+
+    .venv/bin/python scripts/ceilings.py runs/ceil_free [more compare folders] -o docs/experiments/ceilings/free \
+        [--baseline grpo] [--ceiling grpo_oracle]
+
+Reads every run of the `pivotrl compare` folders given (their runs/ subfolders), and writes into -o:
+table.md (per method: seeds, final held-out accuracy with its 95% t-interval, the paired difference
+with the baseline and its Holm-adjusted p-value over the methods compared, generated tokens per run,
+mean credit/free_share, and with --ceiling the share of the ceiling's gain each method recovers),
+summary.json (the same, as numbers), accuracy.png (held-out accuracy over training, mean over seeds)
+and, when the runs log free vs decisive entropy, entropy.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from pivotrl.analysis.paired import holm, paired_difference  # noqa: E402
+from pivotrl.analysis.report import mean_ci95  # noqa: E402
+from pivotrl.analysis.runs import RunRecord, read_run  # noqa: E402
+
+
+def read_folders(folders: list[Path]) -> dict[str, list[RunRecord]]:
+    """Finished runs by method label (the compare folder's run names: METHOD-seedN)."""
+    runs: dict[str, list[RunRecord]] = defaultdict(list)
+    for folder in folders:
+        for path in sorted((folder / "runs").iterdir()):
+            if not (path / "summary.json").is_file():
+                print(f"skipping {path}: not finished", file=sys.stderr)
+                continue
+            label = path.name.rsplit("-seed", 1)[0]
+            runs[label].append(read_run(path, label=label))
+    return runs
+
+
+def per_run(run: RunRecord) -> dict[str, float]:
+    steps = run.metrics
+    shares = [m["credit/free_share"] for m in steps if isinstance(m.get("credit/free_share"), float)
+              and math.isfinite(m["credit/free_share"])]
+    return {"before": run.summary["heldout_accuracy_before"], "after": run.summary["heldout_accuracy_after"],
+            "tokens": sum(m.get("rollout/tokens_generated", 0.0) for m in steps),
+            "free_share": statistics.fmean(shares) if shares else math.nan,
+            "length": run.summary.get("mean_length_after", math.nan)}
+
+
+def compare(runs: dict[str, list[RunRecord]], baseline: str, ceiling: str | None) -> dict[str, dict]:
+    values = {label: {r.seed: per_run(r) for r in rs} for label, rs in runs.items()}
+    if baseline not in values:
+        raise SystemExit(f"no finished {baseline} runs in the folders given")
+    base_after = {s: v["after"] for s, v in values[baseline].items()}
+    out: dict[str, dict] = {}
+    for label, by_seed in values.items():
+        finals = [v["after"] for v in by_seed.values()]
+        mean, half = mean_ci95(finals)
+        row = {"seeds": len(by_seed), "before": statistics.fmean(v["before"] for v in by_seed.values()),
+               "after": mean, "after_ci95": half, "length": statistics.fmean(v["length"] for v in by_seed.values()),
+               "tokens": statistics.fmean(v["tokens"] for v in by_seed.values()),
+               "free_share": statistics.fmean(v["free_share"] for v in by_seed.values())}
+        if label != baseline:
+            diff = paired_difference({s: v["after"] for s, v in by_seed.items()}, base_after)
+            row.update(diff=diff.mean, diff_low=diff.low, diff_high=diff.high, p=diff.p_value, sd_diff=diff.sd,
+                       paired_seeds=diff.seeds)
+        out[label] = row
+    others = [label for label in out if label != baseline]
+    for label, p in holm({label: out[label]["p"] for label in others}).items():
+        out[label]["p_holm"] = p
+    if ceiling is not None and ceiling in out and out[ceiling]["diff"]:
+        for label in others:
+            out[label]["share_of_ceiling"] = out[label]["diff"] / out[ceiling]["diff"]
+    return out
+
+
+def markdown(rows: dict[str, dict], baseline: str, ceiling: str | None) -> str:
+    head = ["method", "seeds", "held-out acc. before", "after (mean ± 95% CI)", f"after − {baseline}'s, paired (95% CI)",
+            "p (Holm)", "generated tokens per run", "credit/free_share", "mean length after"]
+    if ceiling:
+        head.append(f"share of {ceiling}'s gain")
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for label, r in rows.items():
+        if label == baseline:
+            diff, p = "–", "–"
+        else:
+            diff = f"{r['diff']:+.3f} ({r['diff_low']:+.3f} to {r['diff_high']:+.3f})"
+            p = f"{r['p_holm']:.3f}"
+        cells = [label, str(r["seeds"]), f"{r['before']:.3f}", f"{r['after']:.3f} ± {r['after_ci95']:.3f}", diff, p,
+                 f"{r['tokens']:,.0f}", "–" if math.isnan(r["free_share"]) else f"{r['free_share']:.3f}",
+                 f"{r['length']:.1f}"]
+        if ceiling:
+            share = r.get("share_of_ceiling")
+            cells.append("–" if share is None or label == ceiling else f"{share:+.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_accuracy(runs: dict[str, list[RunRecord]], path: Path, title: str) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    for label, rs in runs.items():
+        steps = sorted(set.intersection(*[set(r.evals) for r in rs]))
+        means = [statistics.fmean(r.evals[s]["accuracy"] for r in rs) for s in steps]
+        ax.plot(steps, means, marker="o", markersize=3, label=f"{label} ({len(rs)} seeds)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("held-out accuracy (mean over seeds)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_entropy(runs: dict[str, list[RunRecord]], path: Path, title: str) -> bool:
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    drawn = False
+    for i, (label, rs) in enumerate(runs.items()):
+        colour = f"C{i}"
+        for key, style in (("entropy/free_mean", "-"), ("entropy/decisive_mean", "--")):
+            series = [dict(zip(*r.series(key), strict=True)) for r in rs]
+            steps = sorted(set.intersection(*[set(s) for s in series])) if series else []
+            if not steps:
+                continue
+            drawn = True
+            ax.plot(steps, [statistics.fmean(s[t] for s in series) for t in steps], style, color=colour,
+                    label=f"{label}: {key.split('/')[1].removesuffix('_mean')}")
+    if drawn:
+        ax.set_xlabel("step")
+        ax.set_ylabel("mean token entropy (nats), mean over seeds")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        fig.savefig(path)
+    plt.close(fig)
+    return drawn
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="+", type=Path, help="pivotrl compare output folders")
+    parser.add_argument("-o", "--output-dir", type=Path, required=True)
+    parser.add_argument("--baseline", default="grpo")
+    parser.add_argument("--ceiling", default=None, help="the oracle whose gain the methods' gains are shares of")
+    parser.add_argument("--title", default="")
+    args = parser.parse_args()
+    for folder in args.folders:
+        if not (folder / "runs").is_dir():
+            parser.error(f"{folder} is not a pivotrl compare folder (no runs/)")
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    runs = read_folders(args.folders)
+    rows = compare(runs, args.baseline, args.ceiling)
+    table = markdown(rows, args.baseline, args.ceiling)
+    (args.output_dir / "table.md").write_text(table)
+    (args.output_dir / "summary.json").write_text(json.dumps(rows, indent=1))
+    plot_accuracy(runs, args.output_dir / "accuracy.png", args.title or "held-out accuracy")
+    plot_entropy(runs, args.output_dir / "entropy.png", (args.title or "") + ": free (—) vs decisive (--) entropy")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""Paired comparisons by seed, Holm's correction and the detectable difference, against independent computations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pivotrl.analysis.paired import detectable_difference, holm, paired_difference
+
+
+def test_paired_difference_by_hand() -> None:
+    method = {0: 0.50, 1: 0.44, 2: 0.47, 3: 0.52}
+    baseline = {0: 0.45, 1: 0.43, 2: 0.44, 3: 0.47, 9: 0.99}  # seed 9 has no partner: left out
+    got = paired_difference(method, baseline)
+    diffs = [0.05, 0.01, 0.03, 0.05]
+    mean = sum(diffs) / 4
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 3)
+    t_975_df3 = 3.182446305284263  # Student's t, 97.5th percentile, 3 degrees of freedom (tables)
+    assert got.seeds == 4 and got.mean == pytest.approx(mean)
+    assert got.low == pytest.approx(mean - t_975_df3 * sd / 2) and got.high == pytest.approx(mean + t_975_df3 * sd / 2)
+    # t = 3.674 on 3 df: two-sided p = 0.0349 (tables)
+    assert got.p_value == pytest.approx(0.0349, abs=5e-4)
+
+
+def test_holm_by_hand() -> None:
+    adjusted = holm({"a": 0.01, "b": 0.04, "c": 0.03})
+    # sorted 0.01, 0.03, 0.04 -> x3, x2, x1 = 0.03, 0.06, 0.04 -> made non-decreasing: 0.03, 0.06, 0.06
+    assert adjusted == pytest.approx({"a": 0.03, "c": 0.06, "b": 0.06})
+
+
+def test_detectable_difference_shrinks_with_seeds_and_grows_with_tests() -> None:
+    # (t_{0.975, 7} + t_{0.8, 7}) sd / sqrt(8) = (2.3646 + 0.8960) * 0.02 / 2.8284 = 0.02306
+    assert detectable_difference(0.02, 8) == pytest.approx(0.02306, abs=1e-4)
+    assert detectable_difference(0.02, 12) < detectable_difference(0.02, 8) < detectable_difference(0.02, 8, tests=3)
