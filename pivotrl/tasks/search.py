@@ -31,11 +31,9 @@ attempt fails and the searcher answers with the last one).
 
 from __future__ import annotations
 
-import functools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import combinations
 from typing import Any
 
 from pivotrl.rewards.countdown import countdown_reward
@@ -56,6 +54,7 @@ from pivotrl.tasks.base import (
     lazy_verifier,
     register_task,
 )
+from pivotrl.tasks.moves import legal_moves, reachable, winning_moves
 from pivotrl.tasks.synthetic import (
     FLAWS,
     Program,
@@ -64,65 +63,6 @@ from pivotrl.tasks.synthetic import (
     countdown_key,
     countdown_prompt,
 )
-
-# (left operand, operator, right operand, result, the state after the move)
-Move = tuple[int, str, int, int, tuple[int, ...]]
-
-
-def pair_results(a: int, b: int, max_value: int) -> list[tuple[str, int]]:
-    """The legal moves on two values ``a >= b``: (operator, result) with a whole result
-    in ``[1, max_value]``, no ``*1`` or ``/1``."""
-    out = [("+", a + b), ("-", a - b)]
-    if b > 1:
-        out.append(("*", a * b))
-        if a % b == 0:
-            out.append(("/", a // b))
-    return [(op, v) for op, v in out if 1 <= v <= max_value]
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def legal_moves(state: tuple[int, ...], max_value: int) -> tuple[Move, ...]:
-    """Every distinct move on the sorted values ``state`` (larger operand first)."""
-    out: list[Move] = []
-    seen: set[tuple[int, int]] = set()
-    for i, j in combinations(range(len(state)), 2):
-        b, a = state[i], state[j]  # sorted: a >= b
-        if (a, b) in seen:
-            continue
-        seen.add((a, b))
-        rest = state[:i] + state[i + 1 : j] + state[j + 1 :]
-        for op, value in pair_results(a, b, max_value):
-            out.append((a, op, b, value, tuple(sorted((*rest, value)))))
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def reachable(state: tuple[int, ...], max_value: int) -> frozenset[int]:
-    """Every value some sequence of legal moves from the sorted values ``state`` writes."""
-    if len(state) == 2:
-        return frozenset(v for _, v in pair_results(state[1], state[0], max_value))
-    out: set[int] = set()
-    if len(state) == 3:  # the common case, without building the states in between
-        for (x, y), z in (((state[0], state[1]), state[2]), ((state[0], state[2]), state[1]),
-                          ((state[1], state[2]), state[0])):
-            for _, v in pair_results(y, x, max_value):
-                out.add(v)
-                out.update(w for _, w in pair_results(max(v, z), min(v, z), max_value))
-        return frozenset(out)
-    for *_, value, after in legal_moves(state, max_value):
-        out.add(value)
-        out |= reachable(after, max_value)
-    return frozenset(out)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def winning_moves(state: tuple[int, ...], target: int, max_value: int) -> tuple[Move, ...]:
-    """The legal moves that write ``target`` or leave a state from which it can be written."""
-    return tuple(
-        m
-        for m in legal_moves(state, max_value)
-        if m[3] == target or (len(m[4]) > 1 and target in reachable(m[4], max_value))
-    )
 
 
 @dataclass(frozen=True)
