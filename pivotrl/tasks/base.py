@@ -213,6 +213,18 @@ class Task:
         """
         return {}
 
+    def token_marks(self, pieces: list[str], problem: Problem) -> dict[str, list[bool]]:
+        """Per-token marks of one response whose tokens decode to ``pieces`` (in order; their
+        concatenation is the response text). A task returns the marks it knows, each a list
+        of ``len(pieces)`` booleans:
+        ``"free"``: the token is an outcome-irrelevant choice (only when the task has free choices);
+        ``"reachable"``: the target can still be reached from the state the token is written in.
+
+        None by default; ``countdown`` and ``countdown_search`` give both (``"free"`` with
+        their option ``free`` on) and say their rules.
+        """
+        return {}
+
     # -- prompts -----------------------------------------------------------
     def format_prompt(self, problem: Problem, tokenizer: Any = None, chat: bool = False) -> str:
         """The text given to the model for ``problem``.
