@@ -152,8 +152,9 @@ def measure_methods(report: Report, name: str, folder: Path, length: int, args: 
                     device: torch.device, dtype: str, tmp: Path) -> None:
     """One rollout of P x G responses of `length` tokens, then each method's phases on it."""
     from pivotrl.analysis.compare import method_overrides
+    from pivotrl.train.checks import check_run
     from pivotrl.train.config import load_config
-    from pivotrl.train.trainer import Trainer, preflight
+    from pivotrl.train.trainer import Trainer
 
     key = f"{name}@{length}"
     base = trainer_overrides(folder, tmp / key, args, length, device.type, dtype)
@@ -165,7 +166,8 @@ def measure_methods(report: Report, name: str, folder: Path, length: int, args: 
     reset_peak(device)
     sync(device)
     start = time.perf_counter()
-    rollout, rewards, scores, answers, _ = trainer.collect()
+    collected = trainer.collect()
+    rollout = collected.rollout
     sync(device)
     rollout_s = time.perf_counter() - start
     tokens = int(rollout.response_mask.sum())
@@ -176,9 +178,9 @@ def measure_methods(report: Report, name: str, folder: Path, length: int, args: 
     for method in ("warm-up", *args.methods):
         cfg = load_config(None, [*base, *method_overrides("grpo" if method == "warm-up" else method)])
         trainer.config = cfg  # only the algorithm differs between methods
-        trainer.est_needs, trainer.loss_needs = preflight(cfg)
+        trainer.checks = check_run(cfg)
         reset_peak(device)
-        metrics = trainer.learn_from(rollout, rewards, scores, answers, {"time/rollout_s": rollout_s})
+        metrics = trainer.learn_from(collected, {"time/rollout_s": rollout_s})
         if method == "warm-up":
             entry["logprob_diff_bf16"] = metrics.get("rollout/logprob_diff")
             continue
@@ -196,7 +198,7 @@ def measure_methods(report: Report, name: str, folder: Path, length: int, args: 
             m["cost_over_grpo_pct"] = 100 * (m["step_s"] / grpo["step_s"] - 1)
             m["learn_cost_over_grpo_pct"] = 100 * ((m["step_s"] - rollout_s) / (grpo["step_s"] - rollout_s) - 1)
     report.save()
-    del trainer, rollout
+    del trainer, rollout, collected
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -8,11 +8,11 @@ from typing import Annotated
 import typer
 
 from pivotrl.cli_errors import OneLineErrors, fail, user_errors, warn
+from pivotrl.evaluation import (  # torch-free: read before any option is checked
+    HELDOUT_BATCH,
+    HELDOUT_PROBLEMS,
+)
 from pivotrl.tasks.loaders import MAX_ROW_CHARS
-
-#: pivotrl.evaluation's HELDOUT_PROBLEMS and HELDOUT_BATCH (a test keeps them equal; importing it here
-#: would load torch before any option is checked).
-HELDOUT_PROBLEMS, HELDOUT_BATCH = 1000, 256
 
 app = typer.Typer(cls=OneLineErrors, no_args_is_help=True, add_completion=False, help=__doc__)
 

@@ -1,7 +1,11 @@
-"""Held-out evaluation: pass@1 over k samples, unbiased pass@k, maj@k, length, trace validity.
+"""The one held-out evaluation: pass@1 over k samples, unbiased pass@k, maj@k, length, trace validity.
 
 Also the mean of each count the task reads off a response (:meth:`Task.response_stats`,
-e.g. ``mean_attempts`` for ``countdown_search``).
+e.g. ``mean_attempts`` for ``countdown_search``). :func:`evaluate_policy` serves every
+caller, each passing its own settings: ``pivotrl eval``, ``pivotrl pretrain``'s measurement
+(through :func:`evaluate_heldout`) and the trainer's periodic evaluation (``eval.*``).
+The module loads torch only when it evaluates, so the command line can read its defaults
+before checking its options.
 """
 
 from __future__ import annotations
@@ -11,14 +15,14 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from pivotrl.rewards import extract_answer, extract_math_answer, format_reward
 from pivotrl.rewards.safe import safe_score
-from pivotrl.rollout import RolloutEngine
 from pivotrl.tasks.base import Problem, Task
+
+if TYPE_CHECKING:
+    from pivotrl.rollout import RolloutEngine
 
 #: What "held-out accuracy" means unless a command is told otherwise, in ``pivotrl eval`` and in
 #: ``pivotrl pretrain``'s measurement alike: the first HELDOUT_PROBLEMS problems of the task's test
@@ -63,10 +67,10 @@ def evaluate_policy(
     problems: list[Problem],
     *,
     prompts: list[str],
+    max_new_tokens: int,
     samples_per_problem: int = 1,
     temperature: float = 1.0,
-    max_new_tokens: int = 34,
-    batch_size: int = 256,
+    batch_size: int = HELDOUT_BATCH,
     seed: int = 0,
     samples_path: str | Path | None = None,
     num_examples: int = 0,
@@ -88,6 +92,8 @@ def evaluate_policy(
         raise ValueError(f"samples_per_problem must be >= 1, got {samples_per_problem}")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
+    import torch
+
     k = samples_per_problem
     generator = torch.Generator().manual_seed(seed)
     per_batch = max(1, batch_size // k)
@@ -145,3 +151,33 @@ def evaluate_policy(
         "samples_per_problem": k,
         **({"examples": examples} if num_examples > 0 else {}),
     }
+
+
+def evaluate_heldout(
+    model: Any,
+    tokenizer: Any,
+    task: Task,
+    *,
+    n: int = HELDOUT_PROBLEMS,
+    temperature: float = 1.0,
+    seed: int = 0,
+    batch_size: int = HELDOUT_BATCH,
+    max_new_tokens: int | None = None,
+    chat: bool = False,
+    num_examples: int = 0,
+) -> dict[str, Any]:
+    """:func:`evaluate_policy` of `model` (the HF engine) on the first `n` test problems of `task`, one
+    sample each: with the defaults, what ``pivotrl eval`` reports as held-out accuracy.
+
+    ``max_new_tokens`` None: the task's; ``temperature`` 0: greedy. Sampling draws from a
+    generator seeded with ``seed``, leaving the global RNG alone.
+    """
+    from pivotrl.rollout.hf import HFEngine
+
+    problems = list(task.problems("test", limit=n))
+    if not problems:
+        raise ValueError(f"task {task.name!r} has no test problems")
+    prompts = [task.format_prompt(p, tokenizer=tokenizer, chat=chat) for p in problems]
+    return evaluate_policy(HFEngine(model, tokenizer), task, problems, prompts=prompts, temperature=temperature,
+                           max_new_tokens=max_new_tokens or task.max_new_tokens, batch_size=batch_size, seed=seed,
+                           num_examples=num_examples)

@@ -20,9 +20,9 @@ limit exists, ``minutes``, but it is off by default because it is not
 reproducible). Run twice, it writes bit-identical weights (on the same
 machine and torch build).
 
-:func:`heldout_accuracy` measures a policy on held-out problems with plain
-temperature sampling, as ``pivotrl eval`` does (the same problems, response length,
-seed and batch by default: :data:`pivotrl.evaluation.HELDOUT_PROBLEMS`).
+The held-out measurement (periodic, after training, or ``--eval-only``) is
+:func:`pivotrl.evaluation.evaluate_heldout`, what ``pivotrl eval`` reports with its
+defaults (the same problems, response length, seed and batch).
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from pivotrl.evaluation import evaluate_heldout
+from pivotrl.progress import task_counts
 
 logger = logging.getLogger("pivotrl.pretrain")
 
@@ -281,7 +284,7 @@ def pretrain(
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
                 task = cfg.make_task(test_size=cfg.eval_n)
                 model.eval()
-                record["heldout_accuracy"] = heldout_accuracy(
+                record["heldout_accuracy"] = evaluate_heldout(
                     model, tokenizer, task, n=cfg.eval_n, max_new_tokens=cfg.max_new_tokens
                 )["accuracy"]
                 model.train()
@@ -314,49 +317,6 @@ def pretrain(
         history=history,
     )
     return model, tokenizer, result
-
-
-# -- evaluation --------------------------------------------------------------------
-
-
-def heldout_accuracy(
-    model: Any,
-    tokenizer: Any,
-    task: Any,
-    n: int = 1000,
-    temperature: float = 1.0,
-    seed: int = 0,
-    *,
-    batch_size: int | None = None,
-    max_new_tokens: int | None = None,
-    split: str = "test",
-    chat: bool = False,
-) -> dict[str, Any]:
-    """Share of the first ``n`` problems of ``split`` that one sampled response each solves.
-
-    :func:`pivotrl.evaluation.evaluate_policy` with the HF engine (``temperature=0``
-    means greedy; sampling draws from a generator seeded with ``seed``, leaving the
-    global RNG alone): with the defaults (``batch_size`` HELDOUT_BATCH, ``max_new_tokens``
-    the task's), what ``pivotrl eval -n N --seed SEED`` reports as accuracy. Returns ``{"accuracy", "format", "n", "mean_response_tokens",
-    "trace_validity_correct", "temperature", "seed", "examples"}`` and the task's
-    ``mean_<name>`` counts (``mean_attempts`` for ``countdown_search``); ``format``:
-    share in the exact think/answer layout; ``examples``: the first eight responses.
-    """
-    from pivotrl.evaluation import HELDOUT_BATCH, evaluate_policy
-    from pivotrl.rollout.hf import HFEngine
-
-    problems = list(task.problems(split, limit=n))
-    if not problems:
-        raise ValueError(f"task {task.name!r} has no {split} problems")
-    prompts = [task.format_prompt(p, tokenizer=tokenizer, chat=chat) for p in problems]
-    result = evaluate_policy(HFEngine(model, tokenizer), task, problems, prompts=prompts, temperature=temperature,
-                             max_new_tokens=max_new_tokens or task.max_new_tokens,
-                             batch_size=batch_size or HELDOUT_BATCH, seed=seed, num_examples=8)
-    counts = {k: v for k, v in result.items() if k.startswith("mean_") and k != "mean_length"}
-    return {"accuracy": result["accuracy"], "format": result["format"], "n": len(problems),
-            "mean_response_tokens": result["mean_length"], **counts,
-            "trace_validity_correct": result["trace_validity_correct"], "temperature": temperature,
-            "seed": seed, "examples": result["examples"]}
 
 
 # -- the recipes and the command line ------------------------------------------------------
@@ -394,38 +354,6 @@ def shipped_policy_path(task: str = "countdown") -> Path:
     from pivotrl.modeling.tiny import tiny_policy_path
 
     return tiny_policy_path(SHIPPED_AS[task])
-
-
-def evaluate_policy(
-    model_path: str | Path | None = None,
-    *,
-    config: PretrainConfig | None = None,
-    n: int = 1000,
-    temperature: float = 1.0,
-    seed: int = 0,
-    threads: int | None = 1,
-    max_new_tokens: int | None = None,
-) -> dict[str, Any]:
-    """:func:`heldout_accuracy` of a saved tiny policy on the held-out problems of ``config``'s task.
-
-    ``model_path`` defaults to the checkpoint shipped for that task; ``config``
-    (default: the countdown recipe) gives the task and its options. ``max_new_tokens``:
-    the longest response (None: the task's, what ``pivotrl eval`` allows by default).
-    ``threads``: torch threads while measuring (None: leave torch's setting).
-    """
-    from pivotrl.modeling.tiny import load_tiny_policy
-
-    cfg = config or PretrainConfig()
-    model, tokenizer = load_tiny_policy(model_path or shipped_policy_path(cfg.task))
-    task = cfg.make_task(test_size=max(n, 1))  # the first n held-out problems, whatever n
-    old = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        return heldout_accuracy(model, tokenizer, task, n=n, temperature=temperature, seed=seed,
-                                max_new_tokens=max_new_tokens)
-    finally:
-        torch.set_num_threads(old)
 
 
 def run_pretrain_command(
@@ -471,15 +399,25 @@ def run_pretrain_command(
             f"measuring {where} on {eval_n} held-out {config.task} problems "
             f"(T={temperature}, seed {eval_seed}, at most {length} tokens)", soft_wrap=True
         )
-        res = evaluate_policy(
-            where, config=config, n=eval_n, temperature=temperature, seed=eval_seed, threads=config.threads,
-            max_new_tokens=length,
-        )
-        counts = "".join(
-            f"  mean {k.removeprefix('mean_').replace('_', ' ')} {v:.2f}"
-            for k, v in res.items() if k.startswith("mean_") and k != "mean_response_tokens"
-        )
+        res = measure(where, config, n=eval_n, temperature=temperature, seed=eval_seed, max_new_tokens=length)
+        counts = "".join(f"  mean {k.removeprefix('mean_').replace('_', ' ')} {res[k]:.2f}" for k in task_counts(res))
         console.print(
             f"held-out accuracy {res['accuracy']:.3f}  format {res['format']:.3f}  "
-            f"mean response {res['mean_response_tokens']:.1f} tokens{counts}  (n={res['n']})", soft_wrap=True
+            f"mean response {res['mean_length']:.1f} tokens{counts}  (n={res['num_problems']})", soft_wrap=True
         )
+
+
+def measure(model_path: Path, config: PretrainConfig, *, n: int, temperature: float, seed: int,
+            max_new_tokens: int) -> dict[str, Any]:
+    """The held-out evaluation of a saved tiny policy on `config`'s task, with the recipe's torch threads."""
+    from pivotrl.modeling.tiny import load_tiny_policy
+
+    model, tokenizer = load_tiny_policy(model_path)
+    task = config.make_task(test_size=max(n, 1))  # the first n held-out problems, whatever n
+    old = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    try:
+        return evaluate_heldout(model, tokenizer, task, n=n, temperature=temperature, seed=seed,
+                                max_new_tokens=max_new_tokens)
+    finally:
+        torch.set_num_threads(old)

@@ -1,6 +1,7 @@
-"""Progress of the commands that work for minutes beside training (`analyze`, `eval`, `credit`).
+"""Progress of every command that works for minutes: `train`'s steps, and `analyze`, `eval`, `credit`.
 
-:func:`progress_bar` shows one loop: a rich bar on a terminal (as `train`'s), a plain
+:class:`TrainProgress` shows a run's steps (a live bar on a terminal, a plain line every few
+steps in a log file) and :func:`heldout_table` its before/after summary. :func:`progress_bar` shows one loop: a rich bar on a terminal (as `train`'s), a plain
 line per update elsewhere (a pipe or a log file, where a live bar would print nothing
 until the end). :class:`Phases` strings a command's phases together: each phase gets
 such a bar, and a line with its seconds in a log file, so a run that is slow, stopped
@@ -25,6 +26,7 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.table import Table
 
 #: update(done, total): how a loop reports its progress.
 Update = Callable[[int, int], None]
@@ -148,3 +150,75 @@ class Phases:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def clock(seconds: float) -> str:
+    """'0:03:07'."""
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class TrainProgress:
+    """`train`'s progress: a live bar on a terminal; elsewhere (a log file, where a live bar would print
+    nothing until the end) one plain line every `print_every` steps and at the last. `enabled` False:
+    nothing but what the trainer prints itself."""
+
+    def __init__(self, console: Console, *, enabled: bool, print_every: int, total: int) -> None:
+        self.console, self.enabled, self.print_every, self.total = console, enabled, print_every, total
+        live = enabled and console.is_terminal
+        self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                             TextColumn("{task.fields[reward]}"), TimeElapsedColumn(), TextColumn("ETA"),
+                             TimeRemainingColumn(), console=console, disable=not live)
+        self._task = None
+
+    def __enter__(self) -> TrainProgress:
+        self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.__exit__(*exc)
+
+    def start(self, done: int) -> None:
+        """The bar, from step `done` on."""
+        self._task = self._bar.add_task("train", total=self.total, completed=done, reward="")
+
+    def step(self, step: int, metrics: dict[str, Any], per_step: float, seconds: float) -> None:
+        """Step `step` is done: advance the bar, or print its line when one is due."""
+        reward = metrics.get("reward/mean", float("nan"))
+        self._bar.update(self._task, advance=1, reward=f"reward {reward:.3f}")
+        if not self.enabled or self.console.is_terminal or (step % self.print_every and step != self.total):
+            return
+        self.console.print(
+            f"step {step}/{self.total}  reward {reward:.3f}  accuracy {metrics.get('accuracy', float('nan')):.3f}  "
+            f"{per_step:.2f} s/step  elapsed {clock(seconds)}  ETA {clock(per_step * (self.total - step))}",
+            soft_wrap=True, highlight=False)
+
+    def evaluation(self, tag: str) -> Update:
+        """update(done, total) printing one line per evaluated batch (when an evaluation spans several)."""
+        started = time.perf_counter()
+
+        def report(done: int, total: int) -> None:
+            if self.enabled and done < total:
+                self.console.print(f"evaluating {tag}: {done}/{total} problems, {clock(time.perf_counter() - started)}",
+                                   soft_wrap=True, highlight=False)
+
+        return report
+
+
+def heldout_table(task: str, before: dict[str, Any], after: dict[str, Any]) -> Table:
+    """The before/after table of a run's held-out evaluation: accuracy, mean length, and the task's counts."""
+    title = f"held-out {task} ({after['num_problems']} problems)"
+    table = Table(title=title, min_width=len(title))  # the title on one line, also in a log file
+    for col in ("", "before", "after"):
+        table.add_column(col, justify="right")
+    table.add_row("accuracy", f"{before.get('accuracy', float('nan')):.3f}", f"{after['accuracy']:.3f}")
+    table.add_row("mean length", f"{before.get('mean_length', float('nan')):.1f}", f"{after['mean_length']:.1f}")
+    for key in task_counts(after):
+        table.add_row(key.removeprefix("mean_").replace("_", " ") + " per response",
+                      f"{before.get(key, float('nan')):.2f}", f"{after[key]:.2f}")
+    return table
+
+
+def task_counts(result: dict[str, Any]) -> list[str]:
+    """The `mean_<count>` keys of an evaluation result that the task reads off responses (mean_length aside)."""
+    return sorted(k for k in result if k.startswith("mean_") and k != "mean_length")

@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from pivotrl.cli import app
 from pivotrl.errors import ConfigError
-from pivotrl.train.checks import check_config
+from pivotrl.train.checks import check_algorithm, check_config
 from pivotrl.train.config import build_config, load_config
-from pivotrl.train.trainer import Trainer, preflight
+from pivotrl.train.trainer import Trainer
 
 
 def invoke(*args: str) -> str:
@@ -97,7 +97,7 @@ def test_unknown_keys_of_free_mappings_are_refused_before_any_work() -> None:
     def refused(override: str) -> str:
         cfg = load_config(SMOKE, [override])
         with pytest.raises(ConfigError) as err:
-            preflight(cfg)
+            check_algorithm(cfg)
             check_config(cfg)
         return str(err.value)
 

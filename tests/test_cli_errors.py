@@ -26,8 +26,9 @@ from cli_helpers import (
 
 from pivotrl.algorithms import registry
 from pivotrl.errors import ConfigError
+from pivotrl.train.checks import check_group_size
 from pivotrl.train.config import load_config
-from pivotrl.train.trainer import Trainer, check_group_size
+from pivotrl.train.trainer import Trainer
 
 FAST = ["train.max_steps=1", "eval.before_after=false", "checkpoint.every=0"]
 

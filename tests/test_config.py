@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from pivotrl.errors import ConfigError
+from pivotrl.train.checks import check_algorithm
 from pivotrl.train.config import RunConfig, dump_config, load_config, parse_override
 from pivotrl.train.recipes import CONFIG_DIR, default_config_path
-from pivotrl.train.trainer import preflight
 
 RECIPES = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if "verl" not in p.parts)
 
@@ -17,7 +17,7 @@ RECIPES = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if "verl" not in p.parts)
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: str(p.relative_to(CONFIG_DIR)))
 def test_every_recipe_validates(path: Path) -> None:
     cfg = load_config(path)
-    preflight(cfg)
+    check_algorithm(cfg)
     assert load_config(path) == cfg
 
 

@@ -16,13 +16,13 @@ from PIL import Image
 from transformers import LlamaConfig, LlamaForCausalLM
 from typer.testing import CliRunner
 
-from pivotrl.analysis.credit import (
+from pivotrl.analysis.credit import run_credit
+from pivotrl.analysis.credit_stats import (
     METRICS,
     bootstrap_ci,
     centre_per_response,
     entropy_deciles,
     estimator_metrics,
-    run_credit,
     select_positions,
     sign_agreement,
     spearman,

@@ -124,13 +124,13 @@ def test_both_engines_implement_every_method_of_the_contract(engine: type) -> No
 
 
 def test_the_callers_of_an_engine_use_only_the_contract() -> None:
-    """credit and analyze call nothing on an engine that the protocol does not declare."""
+    """credit, its ground truth (values) and analyze call nothing on an engine the protocol does not declare."""
     import re
 
-    from pivotrl.analysis import credit, pivots
+    from pivotrl.analysis import credit, pivots, values
 
     declared = set(protocol_methods()) | set(RolloutEngine.__annotations__)
-    for module in (credit, pivots):
+    for module in (credit, values, pivots):
         used = set(re.findall(r"\bengine\.(\w+)", inspect.getsource(module)))
         assert used and used <= declared, (module.__name__, used - declared)
 

@@ -16,9 +16,10 @@ from pivotrl.algorithms import TokenBatch, compute_advantages
 from pivotrl.errors import ConfigError
 from pivotrl.rollout.base import Rollout, left_pad
 from pivotrl.rollout.branching import branch_and_value, pick_pivots
+from pivotrl.train.checks import check_algorithm
 from pivotrl.train.config import load_config
 from pivotrl.train.recipes import recipe_path
-from pivotrl.train.trainer import Trainer, preflight
+from pivotrl.train.trainer import Trainer
 
 
 def pivot_mc_loop(batch: TokenBatch, norm_by_std: bool = True) -> torch.Tensor:
@@ -189,10 +190,10 @@ def test_grpo_logs_its_generated_tokens_and_no_branches(tmp_path: Path) -> None:
 
 def test_pivot_mc_without_branching_is_refused_naming_the_key() -> None:
     with pytest.raises(ConfigError, match=r"rollout\.branch\.pivots is 0: set rollout\.branch\.pivots >= 1"):
-        preflight(load_config(None, ["algorithm.estimator=pivot_mc"]))
+        check_algorithm(load_config(None, ["algorithm.estimator=pivot_mc"]))
 
 
 def test_the_shipped_recipe_branches() -> None:
     cfg = load_config(recipe_path("pivot_mc"), [])
     assert cfg.algorithm.estimator == "pivot_mc" and cfg.rollout.branch.pivots >= 1
-    preflight(cfg)
+    check_algorithm(cfg)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
+from pivotrl.evaluation import evaluate_heldout
 from pivotrl.modeling.policy import load_policy
 from pivotrl.modeling.tiny import (
     TINY_ARCH,
@@ -25,7 +26,6 @@ from pivotrl.pretrain import (
     RECIPE_FILE,
     PretrainConfig,
     encode_sft,
-    heldout_accuracy,
     pretrain,
 )
 from pivotrl.tasks import get_task
@@ -117,11 +117,11 @@ def test_shipped_checkpoint_records_the_default_recipe(shipped):
 def test_shipped_policy_answers_in_the_layout(shipped):
     model, tok = load_tiny_policy()
     task = get_task("countdown", test_size=40)
-    res = heldout_accuracy(model, tok, task, n=40, temperature=0.0)
-    assert res["n"] == 40
+    res = evaluate_heldout(model, tok, task, n=40, temperature=0.0)
+    assert res["num_problems"] == 40
     assert res["format"] >= 0.9
     assert 0.0 < res["accuracy"] < 1.0
-    assert res["mean_response_tokens"] <= 40
+    assert res["mean_length"] <= 40
 
 
 # -- the shipped search checkpoint ------------------------------------------------------------
@@ -158,10 +158,10 @@ def test_shipped_search_policy_searches(shipped_search):
     model, tok = load_tiny_policy(shipped_search)
     cfg = recipe("countdown_search")
     task = cfg.make_task(test_size=24)
-    res = heldout_accuracy(model, tok, task, n=24, temperature=1.0, max_new_tokens=cfg.max_new_tokens)
+    res = evaluate_heldout(model, tok, task, n=24, temperature=1.0, max_new_tokens=cfg.max_new_tokens)
     assert res["format"] >= 0.75
     assert res["mean_attempts"] >= 1.5  # it searches: more than one attempt on average
-    assert 40 <= res["mean_response_tokens"] <= cfg.max_new_tokens
+    assert 40 <= res["mean_length"] <= cfg.max_new_tokens
 
 
 # -- pretraining ---------------------------------------------------------------------------
@@ -226,10 +226,10 @@ def test_heldout_accuracy_is_seeded():
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, seed=0, **MICRO)
     task = get_task("countdown", test_size=20)
-    a = heldout_accuracy(model, tok, task, n=20, seed=3, max_new_tokens=12)
-    b = heldout_accuracy(model, tok, task, n=20, seed=3, max_new_tokens=12)
+    a = evaluate_heldout(model, tok, task, n=20, seed=3, max_new_tokens=12)
+    b = evaluate_heldout(model, tok, task, n=20, seed=3, max_new_tokens=12)
     assert a == b
-    assert a["n"] == 20 and 0.0 <= a["accuracy"] <= 1.0 and 0.0 <= a["format"] <= 1.0
+    assert a["num_problems"] == 20 and 0.0 <= a["accuracy"] <= 1.0 and 0.0 <= a["format"] <= 1.0
     assert tok.padding_side == "left"
 
 

@@ -125,7 +125,7 @@ def test_tepo_recipe_fires_its_kl_mask(tmp_path: Path) -> None:
 
 
 def test_overlong_penalty_values() -> None:
-    from pivotrl.train.trainer import overlong_penalty
+    from pivotrl.train.rewards import overlong_penalty
 
     # L_max 10, L_cache 4: 0 up to 6, then (6 - L)/4, -1 beyond 10
     got = overlong_penalty(torch.tensor([3, 6, 7, 9, 10, 11]), 10, 4)
@@ -167,17 +167,17 @@ def test_a_raising_reward_counts_zero_and_is_logged(tmp_path: Path, caplog: pyte
 
 
 def test_repeated_nan_losses_abort_and_keep_the_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pivotrl.train.trainer as trainer_module
+    import pivotrl.train.update as update_module
 
     trainer = Trainer(smoke(tmp_path, "train.max_steps=8", "checkpoint.every=1", "eval.before_after=false",
                             "algorithm.estimator=grpo", "train.max_nan_steps=3"))
-    real_loss = trainer_module.compute_policy_loss
+    real_loss = update_module.compute_policy_loss
 
     def nan_after_step_two(*args, **kwargs):
         loss, metrics = real_loss(*args, **kwargs)
         return (loss * float("nan"), metrics) if trainer.step >= 2 else (loss, metrics)
 
-    monkeypatch.setattr(trainer_module, "compute_policy_loss", nan_after_step_two)
+    monkeypatch.setattr(update_module, "compute_policy_loss", nan_after_step_two)
     with pytest.raises(TrainingAborted, match="3 consecutive steps with a NaN"):
         trainer.run()
     # NaN steps 3, 4, 5 skip their update; the run stops at step 5 without saving it, and the

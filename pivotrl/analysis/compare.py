@@ -90,10 +90,9 @@ def run_comparison(config: Path | None, methods: list[str], seeds: int, output_d
     from pivotrl.analysis.runs import read_run
     from pivotrl.errors import ConfigError, TrainingInterrupted
     from pivotrl.train import run_folder
-    from pivotrl.train.checks import check_config
+    from pivotrl.train.checks import check_run
     from pivotrl.train.config import load_config
     from pivotrl.train.recipes import default_config_path
-    from pivotrl.train.trainer import check_group_size, preflight
 
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
@@ -105,9 +104,7 @@ def run_comparison(config: Path | None, methods: list[str], seeds: int, output_d
     for label, seed, overrides in plan:
         run_dir = output_dir / "runs" / f"{label.replace(':', '-')}-seed{seed}"
         cfg = load_config(base, [*extra, *overrides, f"train.seed={seed}", f"output_dir={run_dir}"])
-        preflight(cfg)
-        check_config(cfg)
-        check_group_size(cfg)
+        check_run(cfg)
         configs.append((label, seed, run_dir, cfg))
     updates = {label: cfg.train.ppo_epochs * cfg.train.num_minibatches for label, _, _, cfg in configs}
     if len(set(updates.values())) > 1:

@@ -1,194 +1,59 @@
 """`pivotrl credit`: do the estimators put their credit on the tokens that decide the outcome?
 
-The ground truth is the true advantage of every sampled token (the quantity that
-Forking Paths, arXiv 2412.07961, and cDPO, arXiv 2411.19943, estimate by
-Monte-Carlo continuations): for a response o with T tokens (its EOS included)
-and a 0-based position t < T,
+The command samples responses to held-out prompts, computes every registered estimator's
+token advantages A on them (ERPO's ablations too, if asked), and measures how well A matches
+the true advantage A*(t) = V(t+1) - V(t) of each token, V(t) the Monte-Carlo value of the
+response's prefix o_<t: rank correlation (over all tokens and within responses), sign
+agreement, the share of |A| on the tokens of largest |A*|, and mean |A*| by entropy decile
+of the policy at the token, each with a 95% bootstrap interval over responses.
 
-    V(t)  = E[R | prompt, o_<t], completing from position t onward with the policy
-            at the sampling temperature, within the same token budget;
-    A*(t) = V(t+1) - V(t);       V(T) = R exactly.
+This module runs the measurement and assembles credit.json; the work is in three others:
 
-V(t) is the mean reward of K continuations of the prefix o_<t, with Monte-Carlo
-standard error s/sqrt(K) (s: the sample standard deviation of the K rewards); the
-standard error of A*(t) is sqrt(se(t)^2 + se(t+1)^2). Every distinct prefix is
-estimated once: V(t+1) of one position is V(t) of the next, and responses of one
-group that start alike share their prefixes (V(0) is the prompt's value).
+- `pivotrl.analysis.values`: the ground truth V and A*, the only part that samples continuations;
+- `pivotrl.analysis.credit_stats`: the metrics, bootstrap intervals and entropy deciles;
+- `pivotrl.analysis.credit_report`: the writers (credit.json, report.md, two PNG plots, tokens.html).
 
-The module has three layers: `estimate_values` (the only part that samples),
-pure statistics on numpy arrays (`spearman`, `centre_per_response`,
-`estimator_metrics`, `bootstrap_ci`, ...), and the writers at the edge
-(credit.json, report.md, two PNG plots, tokens.html). ALGORITHMS.md, section
-"Credit ground truth", defines every metric.
+ALGORITHMS.md, section "Credit ground truth", defines every metric.
 """
 
 from __future__ import annotations
 
-import html
-import json
 import math
 import time
-import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+import torch
+from torch import Tensor
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-from torch import Tensor  # noqa: E402
-
-from pivotrl.algorithms import ESTIMATORS, TokenBatch, compute_advantages  # noqa: E402
-from pivotrl.analysis.compare import ABLATIONS  # noqa: E402
-from pivotrl.analysis.pivots import token_html  # noqa: E402
-from pivotrl.progress import Phases  # noqa: E402
-from pivotrl.rewards.safe import safe_score  # noqa: E402
-from pivotrl.rollout import Rollout, RolloutEngine  # noqa: E402
-from pivotrl.rollout.branching import branch_and_value  # noqa: E402
-from pivotrl.rollout.forward import response_logprobs  # noqa: E402
+from pivotrl.algorithms import ESTIMATORS, TokenBatch, compute_advantages
+from pivotrl.analysis.compare import ABLATIONS
+from pivotrl.analysis.credit_report import write_outputs
+from pivotrl.analysis.credit_stats import (
+    METRICS,
+    bootstrap_ci,
+    entropy_decile_table,
+    entropy_deciles,
+    estimator_metrics,
+    select_positions,
+    top_mass_share,
+    top_weights,
+    triplet,
+)
+from pivotrl.analysis.values import ValueTable, estimate_values, needed_values, true_advantages
+from pivotrl.progress import Phases
+from pivotrl.rewards.safe import safe_score
+from pivotrl.rollout import Rollout, RolloutEngine
+from pivotrl.rollout.branching import branch_and_value
+from pivotrl.rollout.forward import response_logprobs
 
 #: ERPO's ablations (ALGORITHMS.md): compare's three, plus the process term switched off.
 ERPO_ABLATIONS: dict[str, dict[str, Any]] = {
     **{name: kwargs for name, kwargs in ABLATIONS.items() if name != "full"}, "no_process": {"eta": 0.0}}
-#: The metrics reported per estimator, in report order.
-METRICS = ("spearman", "within_response_spearman", "sign_agreement", "sign_agreement_significant", "top10_mass")
-TOP_SHARE = 0.10
-Z95 = 1.96
 
 
-# -- the ground truth: Monte-Carlo values of prefixes ---------------------------------------------------
-
-
-@dataclass
-class ValueTable:
-    """V(t) and its standard error for every response row and t = 0..R (NaN where not estimated)."""
-
-    values: Tensor  # (N, R+1) float64
-    se: Tensor  # (N, R+1) float64
-    prefixes: int  # distinct prefixes estimated by sampling
-    continuations: int  # continuation rows sampled
-
-
-def needed_values(positions: Tensor, width: int, num_rows: int) -> Tensor:
-    """(N, width+1) bool: the V(t) that the A* of `positions` (M,2: row, t) need, V(t) and V(t+1)."""
-    needed = torch.zeros(num_rows, width + 1, dtype=torch.bool)
-    rows, ts = positions[:, 0].cpu(), positions[:, 1].cpu()
-    needed[rows, ts] = True
-    needed[rows, ts + 1] = True
-    return needed
-
-
-@torch.no_grad()
-def estimate_values(engine: RolloutEngine, rollout: Rollout, rewards: Tensor, score: Callable[[int, str], float],
-                    needed: Tensor, *, k: int, max_new_tokens: int, temperature: float, batch_rows: int,
-                    generator: torch.Generator, progress: Callable[[int, int], None] | None = None) -> ValueTable:
-    """Monte-Carlo V(t) where `needed` (N, R+1) is True, by K continuations per distinct prefix.
-
-    `score(row, text)` is the reward of a completed text for the prompt of response `row`; it may
-    depend on the row only through its group (the prompt), so equal texts of a group are scored once.
-    At t = T_i (the response's end) V is its reward, exactly, with standard error 0.
-    Prefixes are sampled in calls of about `batch_rows` continuation rows (prefixes x K),
-    shortest prefixes first; a continuation of o_<t keeps max_new_tokens - t tokens at most,
-    the budget the original response had left. `progress(rows_done, rows_total)` is called after each call.
-    """
-    if k < 2:
-        raise ValueError(f"k (continuations per prefix) must be >= 2 for a standard error, got {k}")
-    mask = rollout.response_mask.cpu()
-    n, width = mask.shape
-    lengths = mask.sum(dim=1)
-    values = torch.full((n, width + 1), math.nan, dtype=torch.float64)
-    se = torch.full_like(values, math.nan)
-    ends = torch.arange(width + 1).unsqueeze(0) == lengths.unsqueeze(1)
-    at_end = needed & ends
-    values[at_end] = rewards.double().cpu().unsqueeze(1).expand(n, width + 1)[at_end]
-    se[at_end] = 0.0
-    prompts = [tuple(rollout.prompt_ids[i][rollout.prompt_mask[i]].tolist()) for i in range(n)]
-    responses = [rollout.response_ids[i, : int(lengths[i])].tolist() for i in range(n)]
-    owners: dict[tuple[tuple[int, ...], tuple[int, ...]], list[tuple[int, int]]] = {}
-    for i, t in (needed & ~ends & (torch.arange(width + 1).unsqueeze(0) < lengths.unsqueeze(1))).nonzero().tolist():
-        owners.setdefault((prompts[i], tuple(responses[i][:t])), []).append((i, t))
-    order = sorted(owners, key=lambda key: (len(key[1]), key))
-    tokenizer = engine.tokenizer
-    group = rollout.group_index.tolist()
-    verdicts: dict[tuple[int, str], float] = {}
-    per_call = max(1, batch_rows // k)
-    device = rollout.prompt_ids.device
-    for start in range(0, len(order), per_call):
-        chunk = order[start : start + per_call]
-        seqs = [list(prompt) + list(prefix) for prompt, prefix in chunk]
-        longest = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), longest), tokenizer.pad_token_id, dtype=torch.long)
-        attention = torch.zeros(len(seqs), longest, dtype=torch.bool)
-        for row, seq in enumerate(seqs):
-            ids[row, longest - len(seq):] = torch.tensor(seq)
-            attention[row, longest - len(seq):] = True
-        budgets = [max_new_tokens - len(prefix) for _, prefix in chunk]
-        cont = engine.generate_from_ids(ids.to(device), attention.to(device), k, max_new_tokens=max(budgets),
-                                        temperature=temperature, generator=generator)
-        cont_ids, cont_mask = cont.response_ids.cpu(), cont.response_mask.cpu()
-        full = []
-        for row in range(len(chunk) * k):
-            p = row // k
-            full.append(list(chunk[p][1]) + cont_ids[row][cont_mask[row]].tolist()[: budgets[p]])
-        texts = tokenizer.batch_decode(full, skip_special_tokens=True)
-        scores = torch.empty(len(full), dtype=torch.float64)
-        for row, text in enumerate(texts):
-            owner = owners[chunk[row // k]][0][0]
-            key = (group[owner], text)
-            if key not in verdicts:
-                verdicts[key] = score(owner, text)
-            scores[row] = verdicts[key]
-        scores = scores.view(len(chunk), k)
-        means, errors = scores.mean(dim=1), scores.std(dim=1) / math.sqrt(k)
-        for p, key in enumerate(chunk):
-            for i, t in owners[key]:
-                values[i, t], se[i, t] = means[p], errors[p]
-        if progress is not None:
-            progress(min(start + per_call, len(order)) * k, len(order) * k)
-    return ValueTable(values, se, prefixes=len(order), continuations=len(order) * k)
-
-
-def true_advantages(table: ValueTable, positions: Tensor) -> tuple[Tensor, Tensor]:
-    """(A*, its standard error), each (M,), at positions (M,2: row, t): V(t+1) - V(t)."""
-    rows, ts = positions[:, 0].cpu(), positions[:, 1].cpu()
-    before, after = table.values[rows, ts], table.values[rows, ts + 1]
-    if torch.isnan(before).any() or torch.isnan(after).any():
-        raise ValueError("a position's V(t) or V(t+1) was not estimated")
-    return after - before, (table.se[rows, ts] ** 2 + table.se[rows, ts + 1] ** 2).sqrt()
-
-
-# -- positions, entropy deciles and the estimators --------------------------------------------------
-
-
-def entropy_deciles(entropies: Tensor, mask: Tensor) -> Tensor:
-    """(N,T) int64 decile 0..9 of every valid token's entropy (equal counts by rank; -1 on padding)."""
-    flat = entropies[mask].double().cpu()
-    ranks = torch.empty(len(flat), dtype=torch.long)
-    ranks[torch.argsort(flat, stable=True)] = torch.arange(len(flat))
-    out = torch.full(mask.shape, -1, dtype=torch.long)
-    out[mask.cpu()] = (10 * ranks) // max(len(flat), 1)
-    return out
-
-
-def select_positions(mask: Tensor, deciles: Tensor, per_decile: int | None, generator: torch.Generator) -> Tensor:
-    """(M,2) (row, t) sorted: every valid position, or at most `per_decile` drawn at random from each decile."""
-    valid = mask.cpu().nonzero()
-    if per_decile is None:
-        return valid
-    if per_decile < 1:
-        raise ValueError(f"positions per entropy decile must be >= 1, got {per_decile}")
-    d = deciles[valid[:, 0], valid[:, 1]]
-    picks = []
-    for decile in range(10):
-        members = (d == decile).nonzero().squeeze(1)
-        picks.append(members[torch.randperm(len(members), generator=generator)[:per_decile]])
-    chosen = valid[torch.cat(picks).sort().values]
-    return chosen
+# -- the estimators scored -----------------------------------------------------------------------------
 
 
 def scored_estimators(ablations: bool = False) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -203,140 +68,6 @@ def estimator_advantages(batch: TokenBatch, ablations: bool = False) -> dict[str
     """Every scored estimator's (N,T) advantages on the batch (see scored_estimators)."""
     return {label: compute_advantages(name, batch, **kwargs)
             for label, (name, kwargs) in scored_estimators(ablations).items()}
-
-
-# -- pure statistics ----------------------------------------------------------------------------------
-
-
-def average_ranks(x: np.ndarray) -> np.ndarray:
-    """0-based ranks of x, ties sharing their average rank (what Spearman's rho needs)."""
-    order = np.argsort(x, kind="stable")
-    ordered = x[order]
-    new_run = np.r_[True, ordered[1:] != ordered[:-1]]
-    starts = np.flatnonzero(new_run)
-    ends = np.r_[starts[1:], len(x)]
-    ranks = np.empty(len(x))
-    ranks[order] = ((starts + ends - 1) / 2.0)[np.cumsum(new_run) - 1]
-    return ranks
-
-
-def correlation(x: np.ndarray, y: np.ndarray) -> float:
-    """Pearson correlation; NaN (undefined) when either side is constant or there are < 2 values."""
-    if len(x) < 2 or np.all(x == x[0]) or np.all(y == y[0]):
-        return math.nan
-    xc, yc = x - x.mean(), y - y.mean()
-    return float((xc @ yc) / math.sqrt(float(xc @ xc) * float(yc @ yc)))
-
-
-def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    """Spearman's rank correlation (average ranks for ties); NaN when either side is constant."""
-    if len(x) < 2 or np.all(x == x[0]) or np.all(y == y[0]):
-        return math.nan
-    return correlation(average_ranks(x), average_ranks(y))
-
-
-def centre_per_response(x: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """x minus its response's mean; tokens come in contiguous runs of `lengths`.
-
-    A response whose values are all equal gets exactly 0 (not the float rounding of
-    x - mean(x)), so a per-response constant such as GRPO's advantage leaves nothing.
-    """
-    starts = np.r_[0, np.cumsum(lengths)[:-1]]
-    means = np.add.reduceat(x, starts) / lengths
-    constant = np.maximum.reduceat(x, starts) == np.minimum.reduceat(x, starts)
-    out = x - np.repeat(means, lengths)
-    out[np.repeat(constant, lengths)] = 0.0
-    return out
-
-
-#: |A| at most this share of the estimator's largest |A| counts as 0 (float noise around an exact 0).
-ZERO_TOLERANCE = 1e-6
-
-
-def sign_agreement(a: np.ndarray, star: np.ndarray, zero: float = 0.0) -> float:
-    """Share of tokens where sign(A) = sign(A*), among tokens where |A| > zero and A* != 0; NaN if none."""
-    both = (np.abs(a) > zero) & (star != 0)
-    return float(np.mean(np.sign(a[both]) == np.sign(star[both]))) if both.any() else math.nan
-
-
-def top_weights(star: np.ndarray, share: float = TOP_SHARE) -> np.ndarray:
-    """Weights in [0,1] selecting the share of tokens with the largest |A*| (ties at the cut share the rest)."""
-    size = abs(star)
-    m = share * len(star)
-    if len(star) == 0:
-        return np.zeros(0)
-    cut = np.sort(size)[::-1][max(math.ceil(m) - 1, 0)]
-    above, tied = size > cut, size == cut
-    weights = above.astype(float)
-    weights[tied] = (m - above.sum()) / tied.sum()
-    return weights
-
-
-def top_mass_share(a: np.ndarray, weights: np.ndarray) -> float:
-    """Share of Σ|A| that falls on the tokens `weights` selects; NaN when Σ|A| = 0."""
-    total = float(np.abs(a).sum())
-    return float(np.abs(a) @ weights) / total if total > 0 else math.nan
-
-
-def estimator_metrics(adv: np.ndarray, star: np.ndarray, se: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """(E, len(METRICS)) metrics of every estimator's advantages adv (E, n) against A* (n,).
-
-    Tokens come in contiguous runs of `lengths` per response. NaN marks an undefined value.
-    """
-    star_ranks = average_ranks(star)
-    star_c = centre_per_response(star, lengths)
-    significant = abs(star) > Z95 * se
-    weights = top_weights(star)
-    out = np.full((adv.shape[0], len(METRICS)), math.nan)
-    for e, a in enumerate(adv):
-        a_c = centre_per_response(a, lengths)
-        out[e, 0] = math.nan if np.all(a == a[0]) else correlation(average_ranks(a), star_ranks)
-        out[e, 1] = spearman(a_c, star_c)
-        # float noise around an exact 0 (a z-score of values equal up to rounding) has no sign
-        zero = ZERO_TOLERANCE * float(np.abs(a).max())
-        out[e, 2] = sign_agreement(a, star, zero)
-        out[e, 3] = sign_agreement(a[significant], star[significant], zero)
-        out[e, 4] = top_mass_share(a, weights)
-    return out
-
-
-def decile_means(abs_star: np.ndarray, deciles: np.ndarray) -> np.ndarray:
-    """(11,): mean |A*| in each entropy decile 0..9 (NaN if empty), then the ratio top / bottom."""
-    counts = np.bincount(deciles, minlength=10).astype(float)
-    sums = np.bincount(deciles, weights=abs_star, minlength=10)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        means = np.where(counts > 0, sums / np.maximum(counts, 1), math.nan)
-        ratio = means[9] / means[0] if means[0] > 0 else math.nan
-    return np.r_[means, ratio]
-
-
-def bootstrap_ci(statistic: Callable[[np.ndarray, np.ndarray], np.ndarray], lengths: np.ndarray, resamples: int,
-                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Percentile 95% interval (low, high) of statistic(token_index, run_lengths) over responses resampled.
-
-    Tokens come in contiguous runs of `lengths`, one run per response; each resample draws
-    as many responses with replacement and passes their tokens (as an index) and run lengths.
-    Resamples where a value is undefined (NaN) are left out of that value's interval.
-    """
-    starts = np.r_[0, np.cumsum(lengths)[:-1]]
-    draws = []
-    for _ in range(resamples):
-        pick = rng.integers(0, len(lengths), len(lengths))
-        lens = lengths[pick]
-        offsets = np.repeat(starts[pick] - np.r_[0, np.cumsum(lens)[:-1]], lens)
-        draws.append(statistic(offsets + np.arange(lens.sum()), lens))
-    stacked = np.stack(draws)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN column gives NaN, which is what it should
-        low, high = np.nanpercentile(stacked, [2.5, 97.5], axis=0)
-    return low, high
-
-
-def triplet(low: float, estimate: float, high: float) -> list[float | None]:
-    """[low, estimate, high] for JSON, None for an undefined value (all None when the estimate is)."""
-    if not math.isfinite(estimate):
-        return [None, None, None]
-    return [float(v) if math.isfinite(v) else None for v in (low, estimate, high)]
 
 
 # -- the whole measurement ----------------------------------------------------------------------------
@@ -360,13 +91,13 @@ def check_options(*, group_size: int, k: int, max_new_tokens: int, temperature: 
         raise ValueError(f"unknown estimator(s) for the HTML page: {', '.join(unknown)}; known: {', '.join(known)}")
 
 
-def run_credit(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine, task: Any, problems: list[Any], prompts: list[str],
-               output_dir: Path, *, model_name: str = "", task_name: str = "", ref_model: torch.nn.Module | None = None,
-               ref_name: str | None = None, group_size: int = 8, k: int = 32, max_new_tokens: int = 34,
-               temperature: float = 1.0, positions_per_decile: int | None = None, ablations: bool = False,
-               seed: int = 0, batch_rows: int = 4096, bootstrap: int = 1000,
-               html_estimators: tuple[str, ...] = ("grpo", "erpo"), pivots: int = 2, branches: int = 4,
-               spacing: int = 4, phases: Phases | None = None) -> dict[str, Any]:
+def run_credit(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine, task: Any, problems: list[Any],
+               prompts: list[str], output_dir: Path, *, model_name: str = "", task_name: str = "",
+               ref_model: torch.nn.Module | None = None, ref_name: str | None = None, group_size: int = 8,
+               k: int = 32, max_new_tokens: int = 34, temperature: float = 1.0,
+               positions_per_decile: int | None = None, ablations: bool = False, seed: int = 0,
+               batch_rows: int = 4096, bootstrap: int = 1000, html_estimators: tuple[str, ...] = ("grpo", "erpo"),
+               pivots: int = 2, branches: int = 4, spacing: int = 4, phases: Phases | None = None) -> dict[str, Any]:
     """Sample, estimate A*, score every estimator against it; write credit.json, report.md, plots, tokens.html.
 
     pivot_mc's branches (`pivots` per response, `branches` each, `spacing` apart) are sampled with
@@ -457,9 +188,9 @@ def assemble_result(rollout: Rollout, tokenizer: Any, problems: list[Any], rewar
     responses = []
     for i in range(mask.shape[0]):
         ids = rollout.response_ids[i, : int(lengths[i])].tolist()
+        prompt_ids = rollout.prompt_ids[i][rollout.prompt_mask[i]].tolist()
         responses.append({
-            "prompt": tokenizer.decode(rollout.prompt_ids[i][rollout.prompt_mask[i]].tolist(), skip_special_tokens=True),
-            "prompt_ids": rollout.prompt_ids[i][rollout.prompt_mask[i]].tolist(),
+            "prompt": tokenizer.decode(prompt_ids, skip_special_tokens=True), "prompt_ids": prompt_ids,
             "answer": problems[i // group].answer, "response_ids": ids, "reward": float(rewards[i]),
             "group": i // group, "text": rollout.texts[i], "truncated": bool(rollout.truncated[i]),
             "tokens": [tokenizer.decode([t], skip_special_tokens=False) for t in ids],
@@ -487,26 +218,9 @@ def assemble_result(rollout: Rollout, tokenizer: Any, problems: list[Any], rewar
                              run_lengths, resamples, rng)
     estimators = {name: {metric: triplet(low[e, m], point[e, m], high[e, m]) for m, metric in enumerate(METRICS)}
                   for e, name in enumerate(names)}
-    position_deciles = deciles[rows, ts].numpy()
-    abs_star = np.abs(star_np)
-    point_d = decile_means(abs_star, position_deciles)
-    low_d, high_d = bootstrap_ci(lambda idx, lens: decile_means(abs_star[idx], position_deciles[idx]),
-                                 run_lengths, resamples, rng)
     valid_h = entropies[mask].numpy()
-    valid_d = deciles[mask].numpy()
-    noise = se_np * math.sqrt(2 / math.pi)
-    bound = 1 - logprobs[rows, ts].exp().numpy()
-    decile_rows = []
-    for d in range(10):
-        here = position_deciles == d
-        decile_rows.append({
-            "decile": d + 1, "entropy_low": float(valid_h[valid_d == d].min()) if (valid_d == d).any() else None,
-            "entropy_high": float(valid_h[valid_d == d].max()) if (valid_d == d).any() else None,
-            "positions": int(here.sum()), "mean_abs_advantage_true": triplet(low_d[d], point_d[d], high_d[d]),
-            "noise_floor": float(noise[here].mean()) if here.any() else None,
-            "mean_sq_debiased": float((star_np[here] ** 2 - se_np[here] ** 2).mean()) if here.any() else None,
-            "bound_mean": float(bound[here].mean()) if here.any() else None,
-        })
+    by_entropy = entropy_decile_table(star_np, se_np, 1 - logprobs[rows, ts].exp().numpy(), deciles[rows, ts].numpy(),
+                                      valid_h, deciles[mask].numpy(), run_lengths, resamples, rng)
     oracle = top_mass_share(star_np, top_weights(star_np)) if len(star_np) else math.nan
     summary = {
         "responses": len(responses), "tokens": int(lengths.sum()), "positions": len(position_rows),
@@ -518,194 +232,4 @@ def assemble_result(rollout: Rollout, tokenizer: Any, problems: list[Any], rewar
         "top10_mass_of_true": None if not math.isfinite(oracle) else oracle,
     }
     return {"settings": settings, "summary": summary, "responses": responses, "positions": position_rows,
-            "estimators": estimators,
-            "entropy_deciles": {"deciles": decile_rows,
-                                "top_bottom_ratio": triplet(low_d[10], point_d[10], high_d[10])}}
-
-
-# -- writers --------------------------------------------------------------------------------------------
-
-
-def write_outputs(result: dict[str, Any], output_dir: Path, html_estimators: tuple[str, ...]) -> None:
-    """credit.json, report.md, entropy_deciles.png, estimators.png and tokens.html in output_dir."""
-    (output_dir / "credit.json").write_text(json.dumps(result, indent=1, default=str))
-    plot_deciles(result, output_dir / "entropy_deciles.png")
-    plot_estimators(result, output_dir / "estimators.png")
-    write_html(result, output_dir / "tokens.html", html_estimators)
-    (output_dir / "report.md").write_text(markdown_report(result))
-
-
-def cell(values: list[float | None], spec: str = ".3f", undefined: str = "undefined") -> str:
-    """'0.123 [0.100, 0.150]' from [low, estimate, high]; `undefined` when the estimate is None."""
-    low, estimate, high = values
-    if estimate is None:
-        return undefined
-    bounds = ", ".join("–" if v is None else format(v, spec) for v in (low, high))
-    return f"{format(estimate, spec)} [{bounds}]"
-
-
-METRIC_HEADERS = {
-    "spearman": "Spearman ρ, all tokens",
-    "within_response_spearman": "Spearman ρ within responses",
-    "sign_agreement": "sign agreement",
-    "sign_agreement_significant": "sign agreement where \\|A*\\| > 1.96 se",
-    "top10_mass": "share of \\|A\\| on the top-10% \\|A*\\| tokens",
-}
-
-
-def markdown_report(result: dict[str, Any]) -> str:
-    """report.md, a function of credit.json's content alone."""
-    s, m = result["settings"], result["summary"]
-    positions = ("all positions" if s["positions_per_decile"] is None
-                 else f"up to {s['positions_per_decile']} positions per entropy decile")
-    wall = m.get("wall_time_s", {})
-    lines = [
-        "# pivotrl credit\n",
-        f"Policy `{s['model']}`, reference: {s['ref']}. Task {s['task']} ({s['split']} split), "
-        f"{s['num_prompts']} prompts x {s['group_size']} responses at temperature {s['temperature']}, at most "
-        f"{s['max_new_tokens']} new tokens, seed {s['seed']}. Sample accuracy {m['accuracy']:.3f}, mean length "
-        f"{m['mean_length']:.1f} tokens.\n",
-        f"Ground truth A*(t) = V(t+1) - V(t), V estimated by K = {s['k']} continuations per distinct prefix "
-        f"({m.get('prefixes', '?')} prefixes, {m.get('continuations', '?')} continuations), at {positions} "
-        f"({m['positions']} of {m['tokens']} tokens). Monte-Carlo standard error of A*: mean "
-        f"{_num(m['se_mean'])}, median {_num(m['se_median'])}, 90th percentile {_num(m['se_p90'])}.\n",
-    ]
-    if wall:
-        lines.append(f"Wall time {wall['total']:.0f} s (sampling and forward {wall['sample_and_forward']:.0f} s, "
-                     f"continuations {wall['continuations']:.0f} s, metrics {wall['metrics']:.0f} s).\n")
-    lines += ["## Estimators against A*\n",
-              f"Point estimate [95% bootstrap interval over responses, {s['bootstrap']} resamples].\n",
-              "| estimator | " + " | ".join(METRIC_HEADERS[k] for k in METRICS) + " |",
-              "|---|" + "---:|" * len(METRICS)]
-    for name, metrics in result["estimators"].items():
-        lines.append(f"| {name} | " + " | ".join(cell(metrics[k]) for k in METRICS) + " |")
-    lines += ["",
-              "*undefined*: no value exists, e.g. an estimator that gives every token of a response the same "
-              "advantage (GRPO, Dr. GRPO, RLOO) has nothing left once centred per response. "
-              "A uniform spread of |A| puts 0.100 of its mass on the top-10% tokens; "
-              f"|A*| itself puts {_num(m['top10_mass_of_true'])} there.\n",
-              "## Pivots: |A*| by entropy decile\n",
-              "| decile | entropy (nats) | positions | mean \\|A*\\| [95% CI] | noise floor | mean A*² − se² "
-              "| mean 1 − π(o_t) |",
-              "|---:|---|---:|---|---:|---:|---:|"]
-    for row in result["entropy_deciles"]["deciles"]:
-        span = ("–" if row["entropy_low"] is None
-                else f"{row['entropy_low']:.3f}–{row['entropy_high']:.3f}")
-        lines.append(f"| {row['decile']} | {span} | {row['positions']} | "
-                     f"{cell(row['mean_abs_advantage_true'])} | {_num(row['noise_floor'])} | "
-                     f"{_num(row['mean_sq_debiased'], '.4f')} | {_num(row.get('bound_mean'))} |")
-    ratio = result["entropy_deciles"]["top_bottom_ratio"]
-    lines += ["",
-              f"Ratio of mean |A*|, top decile / bottom decile: **{cell(ratio, '.2f')}**.\n",
-              "Noise floor: mean of se·√(2/π), the mean |A*| that tokens whose true advantage is 0 would show; "
-              "mean A*² − se² is an unbiased estimate of the mean squared true advantage. "
-              "1 − π(o_t) bounds |A*(t)| for rewards in [0, 1]: a token the policy was sure of cannot move V much.\n",
-              "![mean |A*| by entropy decile](entropy_deciles.png)\n",
-              "![estimators against A*](estimators.png)\n"]
-    return "\n".join(lines)
-
-
-def _num(value: float | None, spec: str = ".3f") -> str:
-    return "–" if value is None else format(value, spec)
-
-
-def plot_deciles(result: dict[str, Any], path: Path) -> None:
-    """Mean |A*| per entropy decile with 95% CIs, and the noise floor."""
-    rows = result["entropy_deciles"]["deciles"]
-    x = [r["decile"] for r in rows]
-    est = [np.nan if r["mean_abs_advantage_true"][1] is None else r["mean_abs_advantage_true"][1] for r in rows]
-    low = [np.nan if r["mean_abs_advantage_true"][0] is None else r["mean_abs_advantage_true"][0] for r in rows]
-    high = [np.nan if r["mean_abs_advantage_true"][2] is None else r["mean_abs_advantage_true"][2] for r in rows]
-    noise = [np.nan if r["noise_floor"] is None else r["noise_floor"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    err = np.array([np.subtract(est, low), np.subtract(high, est)])
-    ax.bar(x, est, color="tab:orange", alpha=0.85, yerr=np.nan_to_num(err), capsize=3, label="mean |A*| (95% CI)")
-    ax.plot(x, noise, color="tab:gray", linestyle="--", marker="o", markersize=3, label="noise floor (se·√(2/π))")
-    ratio = result["entropy_deciles"]["top_bottom_ratio"]
-    title = "|A*| by entropy decile of the sampled token"
-    if ratio[1] is not None:
-        title += f"\n(top / bottom decile: {cell(ratio, '.2f')})"
-    ax.set_title(title, fontsize=10)
-    ax.set_xlabel("entropy decile of the policy at the token (1 = lowest)")
-    ax.set_ylabel("mean |A*| = |V(t+1) − V(t)|")
-    ax.set_xticks(x)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def plot_estimators(result: dict[str, Any], path: Path) -> None:
-    """Per estimator: the two Spearman correlations with A* and the top-10% mass share, with 95% CIs."""
-    names = list(result["estimators"])
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 0.45 * len(names) + 1.8), dpi=120, sharey=True)
-    y = np.arange(len(names))
-    for ax, keys, colours in ((left, ("spearman", "within_response_spearman"), ("tab:blue", "tab:green")),
-                              (right, ("top10_mass",), ("tab:purple",))):
-        height = 0.8 / len(keys)
-        handles = [Patch(color=colour, alpha=0.85, label=METRIC_HEADERS[key].replace("\\", ""))
-                   for key, colour in zip(keys, colours, strict=True)]
-        for j, (key, colour) in enumerate(zip(keys, colours, strict=True)):
-            pos = y - 0.4 + height * (j + 0.5)
-            for p, name in zip(pos, names, strict=True):
-                low, est, high = result["estimators"][name][key]
-                if est is None:
-                    ax.text(0, p, " undefined", va="center", fontsize=7, color=colour)
-                    continue
-                ax.barh(p, est, height=height, color=colour, alpha=0.85,
-                        xerr=[[est - (low if low is not None else est)], [(high if high is not None else est) - est]],
-                        capsize=2)
-        ax.axvline(0, color="black", linewidth=0.8)
-        ax.grid(alpha=0.3, axis="x")
-        ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.04), ncol=len(keys))
-    right.axvline(TOP_SHARE, color="tab:gray", linestyle="--", linewidth=1)
-    left.set_yticks(y, names)
-    left.invert_yaxis()
-    left.set_title("Spearman correlation with A* (95% CI)", fontsize=10)
-    right.set_title("share of |A| on the top-10% |A*| tokens\n(dashed: uniform spread)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def write_html(result: dict[str, Any], path: Path, estimators: tuple[str, ...]) -> None:
-    """One block per response: tokens coloured by entropy, by A*, and by each chosen estimator's advantage."""
-    by_response: dict[int, dict[int, dict[str, Any]]] = {}
-    for pos in result["positions"]:
-        by_response.setdefault(pos["response"], {})[pos["t"]] = pos
-    stars = [abs(p["advantage_true"]) for p in result["positions"]]
-    star_scale = float(np.quantile(stars, 0.98)) if stars else 1.0
-    scales = {}
-    for name in estimators:
-        values = [abs(p["advantages"][name]) for p in result["positions"]]
-        scales[name] = float(np.quantile(values, 0.98)) if values else 1.0
-    entropies = [h for r in result["responses"] for h in r["entropies"]]
-    h_scale = float(np.quantile(entropies, 0.98)) if entropies else 1.0
-    blocks = []
-    for i, response in enumerate(result["responses"]):
-        at = by_response.get(i, {})
-        pieces = response["tokens"]
-        n = len(pieces)
-        star = [at[t]["advantage_true"] if t in at else None for t in range(n)]
-        rows = [token_html(pieces, response["entropies"], h_scale, False, "entropy"),
-                token_html(pieces, star, star_scale, True, "A*")]
-        rows += [token_html(pieces, [at[t]["advantages"][name] if t in at else None for t in range(n)],
-                            scales[name], True, name) for name in estimators]
-        blocks.append(
-            f'<div class="resp" data-tokens="{n}"><div class="meta">response {i} · group {response["group"]} · '
-            f'reward {response["reward"]:.2f} · prompt: <code>{html.escape(response["prompt"].strip())}</code></div>'
-            + "".join(rows) + "</div>")
-    style = ("body{font-family:sans-serif;margin:2em}.resp{margin:1.2em 0;padding:.5em;border-bottom:1px solid #ddd}"
-             ".row{font-family:monospace;white-space:nowrap;margin:2px 0}.tok{padding:1px 1px;border-radius:2px}"
-             ".lab{display:inline-block;width:9em;color:#555}.meta{color:#333;margin-bottom:4px}")
-    s = result["settings"]
-    legend = (f"<p>Policy <code>{html.escape(str(s['model']))}</code>, task {html.escape(str(s['task']))}, "
-              f"K = {s['k']} continuations per prefix. Rows per response: the policy's entropy (orange, full colour "
-              f"at {h_scale:.2f} nats); the true advantage A* = V(t+1) − V(t) (full colour at |A*| = "
-              f"{star_scale:.2f}); then each estimator's advantage, each on its own scale (full colour at its "
-              "98th percentile of |A|). Red positive, blue negative, grey outline: not estimated. "
-              "Hover a token for its value.</p>")
-    path.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'><title>pivotrl credit</title>"
-                    f"<style>{style}</style></head><body><h1>Credit against Monte-Carlo ground truth</h1>{legend}"
-                    + "".join(blocks) + "</body></html>")
+            "estimators": estimators, "entropy_deciles": by_entropy}

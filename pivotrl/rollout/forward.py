@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -100,3 +102,15 @@ def response_logprobs(
                               temperature=temperature), None
     return token_logprobs_and_entropy(response_ids, hidden=hidden, weight=head.weight, chunk_size=chunk_size,
                                       temperature=temperature)
+
+
+def response_logprobs_no_grad(model: torch.nn.Module, rollout: Rollout, *, micro_batch_size: int | None = None,
+                              **options: Any) -> tuple[Tensor, Tensor | None]:
+    """response_logprobs of every response, `micro_batch_size` rows at a time (None: all at once), without gradients."""
+    n = rollout.response_ids.shape[0]
+    size = micro_batch_size or n
+    with torch.no_grad():
+        outs = [response_logprobs(model, rollout, torch.arange(i, min(i + size, n)), **options)
+                for i in range(0, n, size)]
+    entropies = None if outs[0][1] is None else torch.cat([o[1] for o in outs])
+    return torch.cat([o[0] for o in outs]), entropies

@@ -20,6 +20,7 @@ import pickle
 import random
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -243,3 +244,56 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def load_weights(path: Path, like: torch.nn.Module) -> torch.nn.Module:
+    """The model of checkpoint `path` on the device and dtype of `like` (safetensors only: nothing in it can run)."""
+    from transformers import AutoModelForCausalLM
+
+    from pivotrl.modeling.quiet import quiet_loading
+
+    device, dtype = next(like.parameters()).device, next(like.parameters()).dtype
+    try:
+        with quiet_loading():
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, use_safetensors=True)
+    except Exception as err:  # noqa: BLE001 - whatever the damage, this checkpoint cannot be used
+        raise CheckpointError(f"{path}: cannot load the model ({first_line(err)})") from None
+    return model.to(device)
+
+
+def newest_intact(root: Path, like: torch.nn.Module,
+                  warn: Callable[[str], None]) -> tuple[Path, dict[str, Any], torch.nn.Module] | None:
+    """(path, trainer state, model) of the newest intact checkpoint under `root`, or None if there is none.
+
+    A damaged or unsafe checkpoint is skipped with a warning that names it, and set aside
+    (renamed step-N.damaged, which nothing loads or rotates) once an older one is usable.
+    When checkpoints exist but none is intact, CheckpointError lists what is wrong with each.
+    """
+    unusable: list[tuple[Path, str]] = []
+    for path in reversed(list_checkpoints(root)):
+        try:
+            check_model_file(path)
+            state = load_state(path)
+            model = load_weights(path, like)
+        except CheckpointError as err:
+            unusable.append((path, str(err)))
+            continue
+        for bad, why in unusable:
+            aside = bad.with_name(f"{bad.name}.damaged")
+            bad.rename(aside)
+            warn(f"checkpoint {bad.name} is not usable ({why}); set aside as {aside.name}, "
+                 f"resuming from the older {path.name}")
+        return path, state, model
+    if unusable:
+        raise CheckpointError(f"no intact checkpoint in {root}: " + "; ".join(why for _, why in unusable))
+    return None
+
+
+def interrupted_message(root: Path, step: int) -> str:
+    """What to tell a user whose run was stopped at `step`: which checkpoint a rerun resumes from."""
+    latest = latest_checkpoint(root)
+    if latest is None:
+        return f"interrupted at step {step}, before the first checkpoint: a rerun starts from step 0"
+    saved = int(latest.name[len(PREFIX):])
+    return (f"interrupted at step {step}; the newest checkpoint, {latest}, holds step {saved}: "
+            "rerun the same command with --resume to continue from it")

@@ -98,3 +98,9 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def mean_metrics(items: list[dict[str, float]]) -> dict[str, float]:
+    """Each key's mean over the dicts that have it."""
+    keys = {k for m in items for k in m}
+    return {k: sum(m[k] for m in items if k in m) / sum(1 for m in items if k in m) for k in keys}
