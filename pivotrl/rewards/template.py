@@ -2,7 +2,8 @@
 
 This is the one place that knows the tags. Task generators render completions
 with :func:`render_completion`; the verifiers read them back with
-:func:`extract_think`, :func:`extract_answer` and :func:`split_layout`.
+:func:`extract_think`, :func:`extract_answer` and :func:`split_layout`
+(:func:`think_bounds`: where the think block is, also in a response cut off).
 Every function here is linear in the text length (``str.find``/``rfind``
 only, no regular expressions) and never raises on any text.
 """
@@ -34,8 +35,10 @@ def extract_answer(text: str) -> str | None:
     return text[start + len(ANSWER_OPEN) : end].strip()
 
 
-def extract_think(text: str) -> str | None:
-    """Return the stripped content of the first closed ``<think>...</think>``, else None."""
+def think_bounds(text: str) -> tuple[int, int] | None:
+    """Offsets ``(start, end)`` of what the first ``<think>`` holds, unstripped: up to the next
+    ``</think>``, or to the end of ``text`` when it is not closed (a response cut off); None
+    without ``<think>``."""
     if not isinstance(text, str):
         return None
     start = text.find(THINK_OPEN)
@@ -43,9 +46,15 @@ def extract_think(text: str) -> str | None:
         return None
     body = start + len(THINK_OPEN)
     end = text.find(THINK_CLOSE, body)
-    if end < 0:
+    return body, len(text) if end < 0 else end
+
+
+def extract_think(text: str) -> str | None:
+    """Return the stripped content of the first closed ``<think>...</think>``, else None."""
+    bounds = think_bounds(text)
+    if bounds is None or not text.startswith(THINK_CLOSE, bounds[1]):
         return None
-    return text[body:end].strip()
+    return text[bounds[0] : bounds[1]].strip()
 
 
 def split_layout(text: str) -> tuple[str, str] | None:

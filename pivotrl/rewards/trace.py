@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from fractions import Fraction
 
 from pivotrl.rewards.expression import (
@@ -195,23 +196,61 @@ def _literals(side: list[Token]) -> list[Fraction] | None:
         return None
 
 
-def search_steps(think: str, numbers: Iterable[int | Fraction]) -> list[bool]:
-    """For each step of each attempt in ``think``, whether it is true and uses available numbers."""
+@dataclass(frozen=True)
+class PoolStep:
+    """One written step of a think block and the numbers around it (see :func:`pool_steps`).
+
+    ``start``/``end``: offsets in the think text of the step's first character and just
+    after its written result; ``attempt``: the line it is on (0 when lines are not
+    attempts); ``used``: the left side's number literals (None when one cannot be read);
+    ``written``: the right side's value (None when it cannot be evaluated); ``parsed``:
+    both sides evaluate; ``available``: every literal is in the pool; ``holds``: the two
+    sides are equal; ``pool``: the numbers available after the step, sorted.
+    """
+
+    start: int
+    end: int
+    attempt: int
+    used: tuple[Fraction, ...] | None
+    written: Fraction | None
+    parsed: bool
+    available: bool
+    holds: bool
+    pool: tuple[Fraction, ...]
+
+
+def pool_steps(think: str, numbers: Iterable[int | Fraction], *, attempts: bool = True) -> Iterator[PoolStep]:
+    """Each step of ``think`` in order, with the pool of numbers it draws from.
+
+    The pool starts as ``numbers``; a step takes its literals out of it (those that are
+    there) and puts its written result in (also when the step is wrong). With
+    ``attempts`` every line is an attempt that starts again from ``numbers`` (a search
+    trace); without, the pool runs through the whole text.
+    """
     start = Counter(Fraction(n) for n in numbers)
-    results: list[bool] = []
-    for attempt in think[:MAX_TRACE_CHARS].split(ATTEMPT_SEPARATOR):
+    text = think[:MAX_TRACE_CHARS]
+    offset = 0
+    for index, attempt in enumerate(text.split(ATTEMPT_SEPARATOR) if attempts else [text]):
         pool = Counter(start)
         for lhs, rhs in equations(attempt):
             used = _literals(lhs)
-            available = used is not None and all(
-                count <= pool[n] for n, count in Counter(used).items()
-            )
-            results.append(available and _step_holds(lhs, rhs))
+            available = used is not None and all(count <= pool[n] for n, count in Counter(used).items())
+            left, written = _side_value(lhs), _side_value(rhs)
             pool -= Counter(used or ())
-            written = _side_value(rhs)
             if written is not None:
                 pool[written] += 1
-    return results
+            yield PoolStep(
+                start=offset + lhs[0].start, end=offset + rhs[-1].end, attempt=index,
+                used=None if used is None else tuple(used), written=written,
+                parsed=left is not None and written is not None, available=available,
+                holds=left is not None and left == written, pool=tuple(sorted(pool.elements())),
+            )
+        offset += len(attempt) + len(ATTEMPT_SEPARATOR)
+
+
+def search_steps(think: str, numbers: Iterable[int | Fraction]) -> list[bool]:
+    """For each step of each attempt in ``think``, whether it is true and uses available numbers."""
+    return [step.available and step.holds for step in pool_steps(think, numbers)]
 
 
 def search_trace_validity(completion: str, numbers: Iterable[int | Fraction]) -> float | None:

@@ -8,7 +8,7 @@
 >>> task.verifier(completion, p.answer)                         # doctest: +SKIP
 1.0
 
-Registered: ``countdown``, ``countdown_search``, ``arithmetic``, ``linear``
+Registered: ``countdown``, ``countdown_free``, ``countdown_search``, ``arithmetic``, ``linear``
 (synthetic, with a fixed hash-defined held-out split and worked solutions), ``gsm8k``, ``math500``,
 ``aime24``, ``amc23`` (benchmark files), ``file`` (any jsonl/parquet) and
 ``hub`` (a dataset hub id through ``datasets``).
@@ -37,6 +37,7 @@ from pivotrl.tasks.search import CountdownSearchTask, SearchTrace
 from pivotrl.tasks.synthetic import (
     FLAWS,
     ArithmeticTask,
+    CountdownFreeTask,
     CountdownTask,
     LinearTask,
     SyntheticTask,
@@ -49,6 +50,7 @@ __all__ = [
     "FORMAT_INSTRUCTION",
     "TASKS",
     "ArithmeticTask",
+    "CountdownFreeTask",
     "CountdownSearchTask",
     "CountdownTask",
     "FileTask",

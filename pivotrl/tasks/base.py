@@ -215,9 +215,21 @@ class Task:
 
     @property
     def marks(self) -> tuple[str, ...]:
-        """The per-token marks this task gives of any response (``token_marks``): ``"free"`` (free choices,
+        """The marks :meth:`token_marks` gives of any response of this task: ``"free"`` (free choices,
         which cannot change the outcome) and ``"reachable"`` (the target can still be reached); none by default."""
         return ()
+
+    def token_marks(self, pieces: list[str], problem: Problem) -> dict[str, list[bool]]:
+        """Per-token marks of one response whose tokens decode to ``pieces`` (in order; their
+        concatenation is the response text). A task returns the marks it knows, each a list
+        of ``len(pieces)`` booleans:
+        ``"free"``: the token is an outcome-irrelevant choice (only when the task has free choices);
+        ``"reachable"``: the target can still be reached from the state the token is written in.
+
+        None by default; ``countdown`` and ``countdown_search`` give both (``"free"`` with
+        their option ``free`` on) and say their rules.
+        """
+        return {}
 
     # -- prompts -----------------------------------------------------------
     def format_prompt(self, problem: Problem, tokenizer: Any = None, chat: bool = False) -> str:

@@ -31,11 +31,9 @@ attempt fails and the searcher answers with the last one).
 
 from __future__ import annotations
 
-import functools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import combinations
 from typing import Any
 
 from pivotrl.rewards.countdown import countdown_reward
@@ -46,6 +44,7 @@ from pivotrl.rewards.trace import (
     search_attempts,
     search_trace_validity,
 )
+from pivotrl.tasks import marks
 from pivotrl.tasks.base import (
     ANSWER_CLOSE,
     ANSWER_OPEN,
@@ -56,6 +55,8 @@ from pivotrl.tasks.base import (
     lazy_verifier,
     register_task,
 )
+from pivotrl.tasks.free import check_level, fork, insert_fillers
+from pivotrl.tasks.moves import legal_moves, reachable, winning_moves
 from pivotrl.tasks.synthetic import (
     FLAWS,
     Program,
@@ -64,65 +65,6 @@ from pivotrl.tasks.synthetic import (
     countdown_key,
     countdown_prompt,
 )
-
-# (left operand, operator, right operand, result, the state after the move)
-Move = tuple[int, str, int, int, tuple[int, ...]]
-
-
-def pair_results(a: int, b: int, max_value: int) -> list[tuple[str, int]]:
-    """The legal moves on two values ``a >= b``: (operator, result) with a whole result
-    in ``[1, max_value]``, no ``*1`` or ``/1``."""
-    out = [("+", a + b), ("-", a - b)]
-    if b > 1:
-        out.append(("*", a * b))
-        if a % b == 0:
-            out.append(("/", a // b))
-    return [(op, v) for op, v in out if 1 <= v <= max_value]
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def legal_moves(state: tuple[int, ...], max_value: int) -> tuple[Move, ...]:
-    """Every distinct move on the sorted values ``state`` (larger operand first)."""
-    out: list[Move] = []
-    seen: set[tuple[int, int]] = set()
-    for i, j in combinations(range(len(state)), 2):
-        b, a = state[i], state[j]  # sorted: a >= b
-        if (a, b) in seen:
-            continue
-        seen.add((a, b))
-        rest = state[:i] + state[i + 1 : j] + state[j + 1 :]
-        for op, value in pair_results(a, b, max_value):
-            out.append((a, op, b, value, tuple(sorted((*rest, value)))))
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def reachable(state: tuple[int, ...], max_value: int) -> frozenset[int]:
-    """Every value some sequence of legal moves from the sorted values ``state`` writes."""
-    if len(state) == 2:
-        return frozenset(v for _, v in pair_results(state[1], state[0], max_value))
-    out: set[int] = set()
-    if len(state) == 3:  # the common case, without building the states in between
-        for (x, y), z in (((state[0], state[1]), state[2]), ((state[0], state[2]), state[1]),
-                          ((state[1], state[2]), state[0])):
-            for _, v in pair_results(y, x, max_value):
-                out.add(v)
-                out.update(w for _, w in pair_results(max(v, z), min(v, z), max_value))
-        return frozenset(out)
-    for *_, value, after in legal_moves(state, max_value):
-        out.add(value)
-        out |= reachable(after, max_value)
-    return frozenset(out)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def winning_moves(state: tuple[int, ...], target: int, max_value: int) -> tuple[Move, ...]:
-    """The legal moves that write ``target`` or leave a state from which it can be written."""
-    return tuple(
-        m
-        for m in legal_moves(state, max_value)
-        if m[3] == target or (len(m[4]) > 1 and target in reachable(m[4], max_value))
-    )
 
 
 @dataclass(frozen=True)
@@ -160,7 +102,13 @@ class CountdownSearchTask(SyntheticTask):
     worked step writes, default 100), ``max_attempts`` (default 6), ``guide``
     (the probabilities of a winning move at the first, middle and last step,
     default ``(0.3, 0.5, 0.9)``), ``slip_rate`` (per step, in ``"wrong_step"``
-    traces, default 0.1) and ``exact_use`` (the verifier requires every number).
+    traces, default 0.1), ``exact_use`` (the verifier requires every number) and ``free``
+    (the level of filler words in the worked searches, 0 = none: :mod:`pivotrl.tasks.free`;
+    a slot goes before every step, so a search with fillers is much longer than
+    :attr:`max_new_tokens` allows for)::
+
+        <think>Okay: 8+3=11, hmm Now: 11*2=22, fine: 22+5=27 x
+        So: 8*3=24, right also: 24+2=26</think><answer>8*3+2</answer>
 
     A problem's identity is countdown's (``countdown:2,3,5,8:26`` with the
     numbers sorted), so a problem held out here is held out in ``countdown``
@@ -171,6 +119,7 @@ class CountdownSearchTask(SyntheticTask):
     name = key_prefix = "countdown_search"
     max_new_tokens = 224  # configs/search.yaml's rollout length: the longest pretraining trace is about 170 tokens
     default_flaw_weights = {"wrong_step": 0.5, "wrong_answer": 0.5}
+    free_separators = STEP_SEPARATOR + ATTEMPT_SEPARATOR  # a slot of fillers goes after each
     instruction = (
         "Combine the numbers with + - * /, each number at most once, to make the target. "
         "Search inside <think> </think>: one attempt per line, steps separated by commas, "
@@ -188,9 +137,11 @@ class CountdownSearchTask(SyntheticTask):
         guide: Sequence[float] = (0.3, 0.5, 0.9),
         slip_rate: float = 0.1,
         exact_use: bool = False,
+        free: int = 0,
         **options: Any,
     ):
         super().__init__(**options)
+        self.free = check_level(free)
         self.num_numbers = _parse_range(num_numbers, "num_numbers")
         if not 3 <= self.num_numbers[0] <= self.num_numbers[1] <= 5:
             raise ValueError(f"countdown_search takes 3 to 5 numbers, got {num_numbers}")
@@ -347,11 +298,18 @@ class CountdownSearchTask(SyntheticTask):
         takes a winning move). ``"wrong_step"``: at least one slip (the answer may
         or may not be right). ``"wrong_answer"``: the answer misses the target.
         A flaw that 30 (10) draws do not produce is replaced by the other one,
-        and that by a correct search.
+        and that by a correct search. With ``free``, slots of fillers drawn from a
+        generator forked from ``rng`` (the search itself is the one drawn without).
         """
         if flaw is not None and flaw not in FLAWS:
             raise ValueError(f"unknown flaw {flaw!r}; known: {FLAWS}")
         rng = rng or random.Random(f"search:{flaw}:{self.key(problem)}")
+        if not self.free:
+            return self._search_solution(problem, flaw, rng)
+        fillers = fork(rng)
+        return insert_fillers(self._search_solution(problem, flaw, rng), fillers, self.free, self.free_separators)
+
+    def _search_solution(self, problem: Problem, flaw: str | None, rng: random.Random) -> str:
         if flaw is not None:
             other = FLAWS[1 - FLAWS.index(flaw)]
             text = self._flawed(problem, flaw, rng) or self._flawed(problem, other, rng)
@@ -385,3 +343,19 @@ class CountdownSearchTask(SyntheticTask):
     def trace_validity(self, completion: str, problem: Problem) -> float | None:
         """The share of written steps that are true and use available numbers (every attempt)."""
         return search_trace_validity(completion, problem.answer["numbers"])
+
+    @property
+    def marks(self) -> tuple[str, ...]:
+        """``("reachable",)``, and ``"free"`` with the option ``free``: see :meth:`token_marks`."""
+        return ("free", "reachable") if self.free else ("reachable",)
+
+    def token_marks(self, pieces: list[str], problem: Problem) -> dict[str, list[bool]]:
+        """``"reachable"`` for every token and, with ``free``, ``"free"``: countdown's rules
+        (:meth:`pivotrl.tasks.CountdownTask.token_marks`) with two differences. The moves are
+        this task's (a result is at most ``max_value``). Every line of the think block is an
+        attempt: the token after a newline (the one after `` x``) is written in the state of
+        all the problem's numbers again, a dead state included; the newline itself still has
+        the state its attempt ended in.
+        """
+        return marks.token_marks(pieces, problem.answer["numbers"], problem.answer["target"],
+                                 max_value=self.max_value, attempts=True, free=bool(self.free))

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pivotrl.tasks import marks
 from pivotrl.tasks.base import (
     Problem,
     ProblemList,
@@ -30,6 +31,7 @@ from pivotrl.tasks.base import (
     register_task,
     stable_fraction,
 )
+from pivotrl.tasks.free import check_level, fork, insert_fillers
 
 FLAWS = ("wrong_step", "wrong_answer")
 
@@ -345,15 +347,19 @@ class CountdownTask(SyntheticTask):
     Options: ``num_numbers`` (3, or a range like ``(3, 4)``), ``number_range``
     (default ``(1, 30)``), ``target_range`` (default ``(1, 100)``), ``ops``
     (default ``"+-*/"``), ``exact_use`` (the verifier requires every number used
-    exactly once). Every problem is solvable: its target is the value of a
+    exactly once), ``free`` (the level of filler words in the worked solutions, 0 = none:
+    :mod:`pivotrl.tasks.free`). Every problem is solvable: its target is the value of a
     random expression over its numbers, with positive integer intermediates.
 
     Prompt ``Use 3 5 7 to make 22.``; answer ``{"numbers": [3, 5, 7], "target": 22}``;
-    worked solution ``<think>5*3=15;15+7=22</think><answer>5*3+7</answer>``.
+    worked solution ``<think>5*3=15;15+7=22</think><answer>5*3+7</answer>``, with ``free``
+    ``<think>Well so: 5*3=15; Indeed: 15+7=22</think><answer>5*3+7</answer>`` (the
+    problems, prompts and everything but the slots of filler words are the same).
     """
 
     name = key_prefix = "countdown"
     default_flaw_weights = {"wrong_step": 1 / 3, "wrong_answer": 2 / 3}
+    free_separators = ";"  # a slot of fillers goes after each (and at the think block's start)
     instruction = (
         "Combine the numbers with + - * / and parentheses, each number at most once, to make "
         "the target. Think step by step inside <think> </think>, then give the expression "
@@ -368,9 +374,11 @@ class CountdownTask(SyntheticTask):
         target_range: Sequence[int] = (1, 100),
         ops: str = "+-*/",
         exact_use: bool = False,
+        free: int = 0,
         **options: Any,
     ):
         super().__init__(**options)
+        self.free = check_level(free)
         self.num_numbers = _parse_range(num_numbers, "num_numbers")
         if self.num_numbers[0] < 2:
             raise ValueError("countdown needs at least 2 numbers")
@@ -408,7 +416,66 @@ class CountdownTask(SyntheticTask):
             },
         )
 
+    # -- worked solutions with free choices ------------------------------------------
+    def solution(self, problem: Problem) -> str:
+        """The correct worked solution; with ``free``, slots of fillers drawn from the problem's key."""
+        text = super().solution(problem)
+        if not self.free:
+            return text
+        return insert_fillers(text, random.Random(f"free:{self.key(problem)}"), self.free, self.free_separators)
+
     def _flawed(self, problem: Problem, flaw: str, rng: random.Random) -> str | None:
+        fillers = fork(rng) if self.free else None
+        text = self._flawed_trace(problem, flaw, rng)
+        if text is None or fillers is None:
+            return text
+        return insert_fillers(text, fillers, self.free, self.free_separators)
+
+    @property
+    def marks(self) -> tuple[str, ...]:
+        """``("reachable",)``, and ``"free"`` with the option ``free``: see :meth:`token_marks`."""
+        return ("free", "reachable") if self.free else ("reachable",)
+
+    def token_marks(self, pieces: list[str], problem: Problem) -> dict[str, list[bool]]:
+        """Marks of each token of a response (any text: a worked solution, a policy's sample,
+        one cut off or malformed), its tokens decoding to ``pieces``.
+
+        ``"free"`` (only with the option ``free``): the token writes filler characters and
+        nothing else: in the think block (from ``<think>`` to ``</think>``, or to the end when
+        not closed), a run of letters other than ``x``/``X``, spaces and ``:`` that holds a
+        letter (:func:`pivotrl.tasks.free.free_characters`; in a worked solution, exactly the
+        characters of its slots). A token that also writes anything else, or nothing (an
+        empty piece), is not free.
+
+        ``"reachable"``: whether the target can still be made from the *state* the token is
+        written in, the multiset of numbers the response has left:
+
+        - it starts as the problem's numbers;
+        - a step of the think block is what the trace checks read as one
+          (:func:`pivotrl.rewards.trace.pool_steps`: ``a op b=r``, or any ``LHS=RHS`` whose sides
+          are arithmetic); when it completes, at the last character of its written result,
+          the literals of its left side leave the state and the *written* value ``r`` joins
+          it, right or wrong (as :func:`~pivotrl.rewards.trace.search_trace_validity` counts);
+        - a token is written in the state after every step that completed before its first
+          character: all the tokens of a step, the one that ends its result included, share
+          the state before the step; the next token has the state after it;
+        - a step that uses a number the state does not hold (or holds fewer times), or whose
+          sides do not evaluate, makes the state *dead*: unreachable for the rest of the
+          think block (countdown_search: of its attempt);
+        - text that is not yet a step (a step cut off before its result) changes nothing;
+        - tokens before ``<think>`` (or all of them, without one) have the first state;
+          tokens after the think block (``</think>``, the answer, ``<eos>``) have the state
+          it ended in;
+        - a state is reachable when the target is in it or a sequence of legal moves on its
+          whole positive numbers writes it (:func:`pivotrl.tasks.moves.can_reach`; countdown:
+          ``+ - * /`` with a whole result of at least 1 and no upper bound, the generator's
+          rule; a written 0, negative number or fraction stays in the state but combines
+          with nothing).
+        """
+        return marks.token_marks(pieces, problem.answer["numbers"], problem.answer["target"],
+                                 max_value=None, attempts=False, free=bool(self.free))
+
+    def _flawed_trace(self, problem: Problem, flaw: str, rng: random.Random) -> str | None:
         program = Program.from_meta(problem.meta["program"])
         target = problem.answer["target"]
         if flaw == "wrong_answer":
@@ -428,6 +495,30 @@ class CountdownTask(SyntheticTask):
             if vals is not None and all(v >= 1 for v in vals):
                 return layout(program.equations(vals), program.text())
         return None
+
+
+@register_task("countdown_free")
+class CountdownFreeTask(CountdownTask):
+    """``countdown`` (3 numbers) whose worked solutions carry filler words: ``free`` 6 by default.
+
+    Its problems, held-out split and prompts are countdown's (the same problem keys and
+    draws: it holds out exactly the problems countdown holds out), and so are its worked
+    solutions but for two slots of 1 to 6 filler words each (:mod:`pivotrl.tasks.free`)::
+
+        <think>just Now okay hmm so: 30-13=17; Clearly perhaps: 26+17=43</think><answer>26+30-13</answer>
+
+    A worked solution is about 69 tokens long (``<eos>`` included), 58% of them filler
+    characters, and the fillers' choices hold 2 x (log 6 + 3.5 log 32) = 27.8 nats against
+    countdown's few decisive ones.
+    """
+
+    name = "countdown_free"
+    #: The longest worked solution is 134 tokens (countdown's 35, ``<eos>`` included, and two
+    #: slots of six 7-letter words, 49 + 50 characters): a margin of 26.
+    max_new_tokens = 160
+
+    def __init__(self, *, free: int = 6, **options: Any):
+        super().__init__(free=free, **options)
 
 
 @register_task("arithmetic")
