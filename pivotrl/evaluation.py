@@ -22,7 +22,7 @@ from pivotrl.rewards.safe import safe_score
 from pivotrl.tasks.base import Problem, Task
 
 if TYPE_CHECKING:
-    from pivotrl.rollout import RolloutEngine
+    from pivotrl.rollout import Rollout, RolloutEngine
 
 #: What "held-out accuracy" means unless a command is told otherwise, in ``pivotrl eval`` and in
 #: ``pivotrl pretrain``'s measurement alike: the first HELDOUT_PROBLEMS problems of the task's test
@@ -75,6 +75,7 @@ def evaluate_policy(
     samples_path: str | Path | None = None,
     num_examples: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    on_batch: Callable[[Rollout, list[Problem]], None] | None = None,
 ) -> dict[str, Any]:
     """Sample k completions per problem and score them; optionally write every sample as jsonl.
 
@@ -84,7 +85,8 @@ def evaluate_policy(
     ``mean_<name>`` for each of the task's :meth:`~pivotrl.tasks.Task.response_stats`
     (over all samples) and, with num_examples > 0, the first samples as
     {"prompt", "response", "score"}.
-    `progress(done, total)` is called after each batch with the number of problems scored.
+    `progress(done, total)` is called after each batch with the number of problems scored;
+    `on_batch(rollout, problems)` with each batch's samples (row r answers ``problems[rollout.group_index[r]]``).
     """
     if len(prompts) != len(problems):
         raise ValueError(f"{len(prompts)} prompts for {len(problems)} problems")
@@ -110,6 +112,8 @@ def evaluate_policy(
             chunk = problems[start : start + per_batch]
             rollout = engine.generate(prompts[start : start + per_batch], k, max_new_tokens=max_new_tokens,
                                       temperature=temperature, generator=generator)
+            if on_batch is not None:
+                on_batch(rollout, chunk)
             lens = rollout.response_mask.sum(dim=1).tolist()
             for j, problem in enumerate(chunk):
                 texts = rollout.texts[j * k : (j + 1) * k]
@@ -165,12 +169,13 @@ def evaluate_heldout(
     max_new_tokens: int | None = None,
     chat: bool = False,
     num_examples: int = 0,
+    on_batch: Callable[[Rollout, list[Problem]], None] | None = None,
 ) -> dict[str, Any]:
     """:func:`evaluate_policy` of `model` (the HF engine) on the first `n` test problems of `task`, one
     sample each: with the defaults, what ``pivotrl eval`` reports as held-out accuracy.
 
     ``max_new_tokens`` None: the task's; ``temperature`` 0: greedy. Sampling draws from a
-    generator seeded with ``seed``, leaving the global RNG alone.
+    generator seeded with ``seed``, leaving the global RNG alone. ``on_batch``: as evaluate_policy's.
     """
     from pivotrl.rollout.hf import HFEngine
 
@@ -180,4 +185,4 @@ def evaluate_heldout(
     prompts = [task.format_prompt(p, tokenizer=tokenizer, chat=chat) for p in problems]
     return evaluate_policy(HFEngine(model, tokenizer), task, problems, prompts=prompts, temperature=temperature,
                            max_new_tokens=max_new_tokens or task.max_new_tokens, batch_size=batch_size, seed=seed,
-                           num_examples=num_examples)
+                           num_examples=num_examples, on_batch=on_batch)

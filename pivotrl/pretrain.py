@@ -22,7 +22,9 @@ machine and torch build).
 
 The held-out measurement (periodic, after training, or ``--eval-only``) is
 :func:`pivotrl.evaluation.evaluate_heldout`, what ``pivotrl eval`` reports with its
-defaults (the same problems, response length, seed and batch).
+defaults (the same problems, response length, seed and batch); for a task with free
+choices, after training or ``--eval-only``, also the share of the policy's entropy on
+free tokens (:class:`pivotrl.analysis.free_share.FreeEntropy`).
 """
 
 from __future__ import annotations
@@ -401,23 +403,34 @@ def run_pretrain_command(
         )
         res = measure(where, config, n=eval_n, temperature=temperature, seed=eval_seed, max_new_tokens=length)
         counts = "".join(f"  mean {k.removeprefix('mean_').replace('_', ' ')} {res[k]:.2f}" for k in task_counts(res))
+        free = res.get("free")
+        shares = "" if free is None else (
+            f"  free entropy share {free['free_entropy_share']:.3f}  free tokens {free['free_token_share']:.3f}"
+            f"  entropy {free['entropy_per_response']:.1f} nats a response")
         console.print(
             f"held-out accuracy {res['accuracy']:.3f}  format {res['format']:.3f}  "
-            f"mean response {res['mean_length']:.1f} tokens{counts}  (n={res['num_problems']})", soft_wrap=True
+            f"mean response {res['mean_length']:.1f} tokens{counts}{shares}  (n={res['num_problems']})", soft_wrap=True
         )
 
 
 def measure(model_path: Path, config: PretrainConfig, *, n: int, temperature: float, seed: int,
             max_new_tokens: int) -> dict[str, Any]:
-    """The held-out evaluation of a saved tiny policy on `config`'s task, with the recipe's torch threads."""
+    """The held-out evaluation of a saved tiny policy on `config`'s task, with the recipe's torch threads;
+    for a task with free choices, ``"free"``: the :class:`~pivotrl.analysis.free_share.FreeEntropy`
+    shares of the same responses."""
+    from pivotrl.analysis.free_share import FreeEntropy
     from pivotrl.modeling.tiny import load_tiny_policy
 
     model, tokenizer = load_tiny_policy(model_path)
     task = config.make_task(test_size=max(n, 1))  # the first n held-out problems, whatever n
+    free = FreeEntropy(model, tokenizer, task, temperature) if "free" in task.marks else None
     old = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
-        return evaluate_heldout(model, tokenizer, task, n=n, temperature=temperature, seed=seed,
-                                max_new_tokens=max_new_tokens)
+        res = evaluate_heldout(model, tokenizer, task, n=n, temperature=temperature, seed=seed,
+                               max_new_tokens=max_new_tokens, on_batch=None if free is None else free.add)
+        if free is not None:
+            res["free"] = free.result()
+        return res
     finally:
         torch.set_num_threads(old)

@@ -421,3 +421,46 @@ def test_moves_without_a_bound():
     assert pair_results(30, 29, 100) == [("+", 59), ("-", 1)]
     assert can_reach([3, 5, 7], 22, None) and can_reach([22], 22, None) and not can_reach([], 1, None)
     assert can_reach([30, 29, 30], 870 + 30, None) and not can_reach([30, 29, 30], 870 + 30, 100)
+
+
+# -- the measurement ---------------------------------------------------------------------------------
+
+
+def test_free_entropy_of_the_heldout_responses():
+    """FreeEntropy sums the policy's entropy over the free tokens of the very responses the held-out
+    evaluation scores; by hand on a batch of two samples per problem."""
+    import torch
+
+    from pivotrl.analysis.free_share import FreeEntropy
+    from pivotrl.evaluation import evaluate_heldout
+    from pivotrl.modeling.tiny import build_tiny_model
+    from pivotrl.rollout.forward import response_logprobs
+    from pivotrl.rollout.hf import HFEngine
+
+    model = build_tiny_model(TOKENIZER, seed=0, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                             num_key_value_heads=2, intermediate_size=32).eval()
+    task = get_task("countdown_free", test_size=6)
+    free = FreeEntropy(model, TOKENIZER, task)
+    res = evaluate_heldout(model, TOKENIZER, task, n=6, max_new_tokens=24, batch_size=4, on_batch=free.add)
+    shares = free.result()
+    assert shares["responses"] == 6 and shares["mean_length"] == pytest.approx(res["mean_length"])
+    assert 0.0 <= shares["free_token_share"] <= 1.0 and 0.0 <= shares["free_entropy_share"] <= 1.0
+    # by hand: a worked solution forced as the prefix makes free tokens certain to appear
+    problems = task.problems("test")[:3]
+    prompts = [task.format_prompt(p) + task.solution(p)[:20] for p in problems]
+    rollout = HFEngine(model, TOKENIZER).generate(prompts, 2, max_new_tokens=12,
+                                                  generator=torch.Generator().manual_seed(1))
+    free = FreeEntropy(model, TOKENIZER, task)
+    free.add(rollout, problems)
+    with torch.no_grad():
+        _, entropies = response_logprobs(model, rollout)
+    total = on_free = 0.0
+    for row in range(6):
+        length = int(rollout.response_mask[row].sum())
+        pieces = [TOKENIZER.decode([i], skip_special_tokens=True) for i in rollout.response_ids[row, :length].tolist()]
+        marks = task.token_marks(pieces, problems[row // 2])["free"]
+        total += float(entropies[row, :length].sum())
+        on_free += sum(float(h) for h, f in zip(entropies[row, :length], marks, strict=True) if f)
+    assert free.result()["free_entropy_share"] == pytest.approx(on_free / total, rel=1e-5)
+    with pytest.raises(ValueError, match="no free choices"):
+        FreeEntropy(model, TOKENIZER, get_task("countdown", test_size=6))
