@@ -44,7 +44,7 @@ def demo() -> None:
 
 @app.command()
 def pretrain(
-    task: str = typer.Option("countdown", help="Whose worked solutions: countdown (--model tiny) or countdown_search (--model tiny-search)."),
+    task: str = typer.Option("countdown", help="Whose worked solutions: countdown (--model tiny), countdown_search (--model tiny-search) or countdown_free (--model tiny-free)."),
     output_dir: str | None = typer.Option(None, help="Where to save the checkpoint (default: outputs/<the shipped folder's name>); a folder that holds a model is refused unless --overwrite."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Move a model already in --output-dir aside (to FOLDER.old-DATE-TIME) and save there; needed to regenerate a shipped policy."),
     seed: int | None = typer.Option(None, help="Seed of the weights and the data order (default: the task's recipe, 0)."),
@@ -56,11 +56,11 @@ def pretrain(
     imperfect: float | None = typer.Option(None, min=0.0, max=1.0, help="Share of deliberately flawed worked solutions (default: the task's recipe)."),
     evaluate: bool = typer.Option(True, help="Measure held-out accuracy after training."),
     eval_only: bool = typer.Option(False, "--eval-only", help="Only measure --model (default: the policy shipped for --task): held-out accuracy as `pivotrl eval --model M --task T` reports it."),
-    model: str | None = typer.Option(None, help="Checkpoint folder, or tiny / tiny-search, to measure with --eval-only."),
+    model: str | None = typer.Option(None, help="Checkpoint folder, or tiny / tiny-search / tiny-free, to measure with --eval-only."),
     eval_n: int = typer.Option(HELDOUT_PROBLEMS, min=1, help="The first N held-out problems to measure on (eval's -n)."),
     temperature: float = typer.Option(1.0, min=0.0, help="Sampling temperature of the measurement (0 = greedy)."),
     eval_seed: int = typer.Option(0, help="Seed of the measurement's sampling (eval's --seed)."),
-    max_new_tokens: int | None = typer.Option(None, min=1, help="Longest response of the measurement (default: the task's, as eval: 34, countdown_search 224)."),
+    max_new_tokens: int | None = typer.Option(None, min=1, help="Longest response of the measurement (default: the task's, as eval: 34, countdown_search 224, countdown_free 160)."),
 ) -> None:
     """Warm up a tiny policy on worked solutions (the shipped checkpoints' recipes, one per --task).
 
@@ -141,7 +141,7 @@ def train(
 @app.command("eval")
 def eval_command(
     ctx: typer.Context,
-    model: Annotated[str, typer.Option("--model", help="'tiny', 'tiny-search', a checkpoint folder or a hub id")] = "tiny",
+    model: Annotated[str, typer.Option("--model", help="'tiny', 'tiny-search', 'tiny-free', a checkpoint folder or a hub id")] = "tiny",
     task: Annotated[str | None, typer.Option("--task", help="Task name (countdown, gsm8k, math500, ...)")] = None,
     data: Annotated[Path | None, typer.Option("--data", help="A jsonl/parquet file of problems instead of --task")] = None,
     question_field: Annotated[str, typer.Option(help="Question field of --data")] = "question",
@@ -285,7 +285,7 @@ def report(
 @app.command()
 def analyze(
     ctx: typer.Context,
-    model: Annotated[str, typer.Option("--model", help="'tiny', 'tiny-search', a checkpoint folder or a hub id")] = "tiny",
+    model: Annotated[str, typer.Option("--model", help="'tiny', 'tiny-search', 'tiny-free', a checkpoint folder or a hub id")] = "tiny",
     task: Annotated[str, typer.Option("--task", help="Task name")] = "countdown",
     estimator: Annotated[str, typer.Option(help="Estimator whose token credit is shown next to GRPO's")] = "erpo",
     ref: Annotated[str | None, typer.Option(help="Reference model for erpo's process term (default: the policy)")] = None,

@@ -234,7 +234,8 @@ def test_no_transformers_progress_bar_in_any_commands_output(tmp_path: Path) -> 
 # -- one meaning of held-out accuracy -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("task,model,n", [("countdown", "tiny", 24), ("countdown_search", "tiny-search", 3)])
+@pytest.mark.parametrize("task,model,n", [("countdown", "tiny", 24), ("countdown_search", "tiny-search", 3),
+                                          ("countdown_free", "tiny-free", 8)])
 def test_pretrain_eval_only_and_eval_report_the_same_heldout_accuracy(task: str, model: str, n: int,
                                                                       tmp_path: Path, threads_restored) -> None:
     measured = invoke("pretrain", "--task", task, "--eval-only", "--eval-n", str(n)).stdout
@@ -248,6 +249,8 @@ def test_pretrain_eval_only_and_eval_report_the_same_heldout_accuracy(task: str,
     assert float(found.group(1)) == pytest.approx(evaluated["accuracy"], abs=0.00051)  # printed to 3 decimals
     assert float(found.group(2)) == pytest.approx(evaluated["mean_length"], abs=0.051)  # to 1 decimal
     assert int(found.group(3)) == evaluated["num_problems"] == n
+    # a task with free choices also gets the share of the policy's entropy on its free tokens
+    assert ("free entropy share" in measured) == (task == "countdown_free")
 
 
 def test_the_heldout_defaults_are_one_definition() -> None:

@@ -124,31 +124,42 @@ def test_shipped_policy_answers_in_the_layout(shipped):
     assert res["mean_length"] <= 40
 
 
-# -- the shipped search checkpoint ------------------------------------------------------------
+# -- the shipped search and free checkpoints -----------------------------------------------------
+
+
+def shipped_folder(name: str, task: str):
+    """The folder of the shipped checkpoint `name` (a test failure saying how to make it when missing)."""
+    path = tiny_policy_path(name)
+    if not (path / "model.safetensors").is_file():
+        pytest.fail(f"the shipped {name} checkpoint is missing: run "
+                    f"`pivotrl pretrain --task {task} --output-dir {path}`")
+    return path
 
 
 @pytest.fixture(scope="module")
 def shipped_search():
-    path = tiny_policy_path("tiny-search")
-    if not (path / "model.safetensors").is_file():
-        pytest.fail(
-            "the shipped search checkpoint is missing: run "
-            f"`pivotrl pretrain --task countdown_search --output-dir {path}`"
-        )
-    return path
+    return shipped_folder("tiny-search", "countdown_search")
 
 
-def test_shipped_search_checkpoint_is_small_and_records_its_recipe(shipped_search):
+@pytest.fixture(scope="module")
+def shipped_free():
+    return shipped_folder("tiny-free", "countdown_free")
+
+
+@pytest.mark.parametrize(("name", "task", "megabytes"),
+                         [("tiny-search", "countdown_search", 20), ("tiny-free", "countdown_free", 8)])
+def test_shipped_checkpoint_is_small_and_records_its_recipe(name, task, megabytes):
     from pivotrl.pretrain import recipe
 
-    assert (shipped_search / "model.safetensors").stat().st_size <= 20 * 1024 * 1024
-    recorded = json.loads((shipped_search / RECIPE_FILE).read_text())
-    assert recorded["recipe"] == recipe("countdown_search").to_json()
-    assert recorded["steps_done"] == recipe("countdown_search").steps
-    model, tok = load_policy("tiny-search", device="cpu")
+    folder = shipped_folder(name, task)
+    assert (folder / "model.safetensors").stat().st_size <= megabytes * 1024 * 1024
+    recorded = json.loads((folder / RECIPE_FILE).read_text())
+    assert recorded["recipe"] == recipe(task).to_json()
+    assert recorded["steps_done"] == recipe(task).steps
+    model, tok = load_policy(name, device="cpu")
     assert count_parameters(model) == recorded["parameters"]
     assert tok.padding_side == "left" and tok.pad_token_id is not None
-    assert model.config.max_position_embeddings >= 28 + recipe("countdown_search").max_new_tokens
+    assert model.config.max_position_embeddings >= 28 + max(recipe(task).max_new_tokens, get_task(task).max_new_tokens)
 
 
 @pytest.mark.slow
@@ -162,6 +173,21 @@ def test_shipped_search_policy_searches(shipped_search):
     assert res["format"] >= 0.75
     assert res["mean_attempts"] >= 1.5  # it searches: more than one attempt on average
     assert 40 <= res["mean_length"] <= cfg.max_new_tokens
+
+
+@pytest.mark.slow
+def test_shipped_free_policy_spends_its_entropy_on_fillers(shipped_free):
+    from pivotrl.analysis.free_share import FreeEntropy
+
+    model, tok = load_tiny_policy(shipped_free)
+    task = get_task("countdown_free", test_size=32)
+    free = FreeEntropy(model, tok, task)
+    res = evaluate_heldout(model, tok, task, n=32, on_batch=free.add)
+    assert res["format"] >= 0.9
+    shares = free.result()
+    assert shares["free_entropy_share"] >= 0.75
+    assert shares["free_token_share"] > 0.5
+    assert 40 <= shares["mean_length"] <= task.max_new_tokens
 
 
 # -- pretraining ---------------------------------------------------------------------------

@@ -32,7 +32,7 @@ def load_policy(
     arch: dict[str, int] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer with left padding and a pad token) for a shipped tiny policy
-    ('tiny', 'tiny-search'), 'tiny-random' or a path/hub id."""
+    ('tiny', 'tiny-search', 'tiny-free'), 'tiny-random' or a path/hub id."""
     from pivotrl.modeling.tiny import TINY_MODELS
 
     if dtype not in DTYPES:

@@ -1,12 +1,13 @@
 """The built-in tiny policies: small ``LlamaForCausalLM`` models with a character tokenizer.
 
-The package ships two checkpoints made by ``pivotrl pretrain`` (see
+The package ships three checkpoints made by ``pivotrl pretrain`` (see
 :data:`TINY_MODELS`): ``tiny`` (``pivotrl/assets/tiny-countdown``, ~0.9 M
-parameters, warmed up on countdown worked solutions) and ``tiny-search``
+parameters, warmed up on countdown worked solutions), ``tiny-search``
 (``pivotrl/assets/tiny-countdown-search``, warmed up on the written searches
-of ``countdown_search``). Each is a plain Hugging Face folder, so
-``LlamaForCausalLM.from_pretrained(path)`` and
-``PreTrainedTokenizerFast.from_pretrained(path)`` load it anywhere.
+of ``countdown_search``) and ``tiny-free`` (``pivotrl/assets/tiny-countdown-free``,
+warmed up on the worked solutions of ``countdown_free``, with filler words).
+Each is a plain Hugging Face folder, so ``LlamaForCausalLM.from_pretrained(path)``
+and ``PreTrainedTokenizerFast.from_pretrained(path)`` load it anywhere.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 
 TINY_NAME = "tiny-countdown"
 #: Model names (``--model``, ``model.name_or_path``) of the shipped checkpoints -> their folders.
-TINY_MODELS = {"tiny": TINY_NAME, "tiny-search": "tiny-countdown-search"}
+TINY_MODELS = {"tiny": TINY_NAME, "tiny-search": "tiny-countdown-search", "tiny-free": "tiny-countdown-free"}
 
 #: The shipped architecture: hidden 128, 4 layers, 4 heads, MLP 384, tied embeddings.
 TINY_ARCH: dict[str, Any] = {

@@ -23,7 +23,7 @@ class Section(BaseModel):
 
 class ModelConfig(Section):
     name_or_path: str = "tiny"
-    """'tiny' (the shipped countdown policy), 'tiny-search' (the shipped countdown_search policy), 'tiny-random' (a fresh tiny model, for tests), or a local path / hub id."""
+    """'tiny' (the shipped countdown policy), 'tiny-search' (the shipped countdown_search policy), 'tiny-free' (the shipped countdown_free policy), 'tiny-random' (a fresh tiny model, for tests), or a local path / hub id."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype of the policy and the reference model."""
     device: str = "auto"
