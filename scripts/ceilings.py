@@ -48,7 +48,9 @@ def per_run(run: RunRecord) -> dict[str, float]:
     steps = run.metrics
     shares = [m["credit/free_share"] for m in steps if isinstance(m.get("credit/free_share"), float)
               and math.isfinite(m["credit/free_share"])]
+    early = min((s for s in run.evals if s > 0), default=None)
     return {"before": run.summary["heldout_accuracy_before"], "after": run.summary["heldout_accuracy_after"],
+            "early": run.evals[early]["accuracy"] if early is not None else math.nan, "early_step": early,
             "tokens": sum(m.get("rollout/tokens_generated", 0.0) for m in steps),
             "free_share": statistics.fmean(shares) if shares else math.nan,
             "length": run.summary.get("mean_length_after", math.nan)}
@@ -71,6 +73,10 @@ def compare(runs: dict[str, list[RunRecord]], baseline: str, ceiling: str | None
             diff = paired_difference({s: v["after"] for s, v in by_seed.items()}, base_after)
             row.update(diff=diff.mean, diff_low=diff.low, diff_high=diff.high, p=diff.p_value, sd_diff=diff.sd,
                        paired_seeds=diff.seeds)
+            early = paired_difference({s: v["early"] for s, v in by_seed.items()},
+                                      {s: v["early"] for s, v in values[baseline].items()})
+            row.update(early_step=next(iter(by_seed.values()))["early_step"], early_diff=early.mean,
+                       early_low=early.low, early_high=early.high)
         out[label] = row
     others = [label for label in out if label != baseline]
     for label, p in holm({label: out[label]["p"] for label in others}).items():
@@ -83,17 +89,21 @@ def compare(runs: dict[str, list[RunRecord]], baseline: str, ceiling: str | None
 
 def markdown(rows: dict[str, dict], baseline: str, ceiling: str | None) -> str:
     head = ["method", "seeds", "held-out acc. before", "after (mean ± 95% CI)", f"after − {baseline}'s, paired (95% CI)",
-            "p (Holm)", "generated tokens per run", "credit/free_share", "mean length after"]
+            "p (Holm)", "first evaluation − baseline's, paired (95% CI)", "generated tokens per run",
+            "credit/free_share", "mean length after"]
     if ceiling:
         head.append(f"share of {ceiling}'s gain")
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for label, r in rows.items():
         if label == baseline:
-            diff, p = "–", "–"
+            diff, p, early = "–", "–", "–"
         else:
             diff = f"{r['diff']:+.3f} ({r['diff_low']:+.3f} to {r['diff_high']:+.3f})"
             p = f"{r['p_holm']:.3f}"
+            early = (f"step {r['early_step']}: {r['early_diff']:+.3f} ({r['early_low']:+.3f} to {r['early_high']:+.3f})"
+                     if r["early_step"] is not None else "–")
         cells = [label, str(r["seeds"]), f"{r['before']:.3f}", f"{r['after']:.3f} ± {r['after_ci95']:.3f}", diff, p,
+                 early,
                  f"{r['tokens']:,.0f}", "–" if math.isnan(r["free_share"]) else f"{r['free_share']:.3f}",
                  f"{r['length']:.1f}"]
         if ceiling:
