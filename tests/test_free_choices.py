@@ -464,3 +464,17 @@ def test_free_entropy_of_the_heldout_responses():
     assert free.result()["free_entropy_share"] == pytest.approx(on_free / total, rel=1e-5)
     with pytest.raises(ValueError, match="no free choices"):
         FreeEntropy(model, TOKENIZER, get_task("countdown", test_size=6))
+
+
+@pytest.mark.parametrize("name,options", [("countdown", {"free": 3}), ("countdown_free", {}),
+                                          ("countdown_search", {"free": 2})])
+def test_every_worked_solution_fits_the_tasks_response_length(name: str, options: dict) -> None:
+    """A response cut off by its budget would make fillers matter: the task's length holds its longest solution."""
+    from pivotrl.modeling.tokenizer import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    task = get_task(name, train_size=200, **options)
+    longest = max(len(tokenizer(e.response, add_special_tokens=False)["input_ids"]) + 1  # + <eos>
+                  for e in task.sft_examples(200))
+    assert longest <= task.max_new_tokens
+    assert get_task("countdown").max_new_tokens == 34 and get_task("countdown_search").max_new_tokens == 224

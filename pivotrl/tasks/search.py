@@ -55,7 +55,7 @@ from pivotrl.tasks.base import (
     lazy_verifier,
     register_task,
 )
-from pivotrl.tasks.free import check_level, fork, insert_fillers
+from pivotrl.tasks.free import check_level, fork, insert_fillers, longest_slot
 from pivotrl.tasks.moves import legal_moves, reachable, winning_moves
 from pivotrl.tasks.synthetic import (
     FLAWS,
@@ -104,8 +104,8 @@ class CountdownSearchTask(SyntheticTask):
     default ``(0.3, 0.5, 0.9)``), ``slip_rate`` (per step, in ``"wrong_step"``
     traces, default 0.1), ``exact_use`` (the verifier requires every number) and ``free``
     (the level of filler words in the worked searches, 0 = none: :mod:`pivotrl.tasks.free`;
-    a slot goes before every step, so a search with fillers is much longer than
-    :attr:`max_new_tokens` allows for)::
+    a slot goes before every step, and :attr:`max_new_tokens` grows by the longest slot for
+    each step of ``max_attempts`` attempts)::
 
         <think>Okay: 8+3=11, hmm Now: 11*2=22, fine: 22+5=27 x
         So: 8*3=24, right also: 24+2=26</think><answer>8*3+2</answer>
@@ -160,6 +160,9 @@ class CountdownSearchTask(SyntheticTask):
             raise ValueError(f"slip_rate must be in (0, 1], got {slip_rate}")
         self.max_value = int(max_value)
         self.max_attempts = int(max_attempts)
+        if self.free:  # room for the longest slot before every step of every attempt
+            steps = self.max_attempts * (self.num_numbers[1] - 1)
+            self.max_new_tokens = self.max_new_tokens + steps * longest_slot(self.free)
         self.slip_rate = float(slip_rate)
         self.exact_use = exact_use
         self.verifier = lazy_verifier("pivotrl.rewards", "countdown_reward", exact_use=exact_use)

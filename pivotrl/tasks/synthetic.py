@@ -31,7 +31,7 @@ from pivotrl.tasks.base import (
     register_task,
     stable_fraction,
 )
-from pivotrl.tasks.free import check_level, fork, insert_fillers
+from pivotrl.tasks.free import check_level, fork, insert_fillers, longest_slot
 
 FLAWS = ("wrong_step", "wrong_answer")
 
@@ -389,6 +389,9 @@ class CountdownTask(SyntheticTask):
         self.ops = ops
         self.exact_use = exact_use
         self.verifier = lazy_verifier("pivotrl.rewards", "countdown_reward", exact_use=exact_use)
+        if self.free and "max_new_tokens" not in vars(type(self)):  # countdown_free sets its own
+            # room for the longest slot before each of the steps (one fewer than the numbers)
+            self.max_new_tokens = self.max_new_tokens + (self.num_numbers[1] - 1) * longest_slot(self.free)
 
     def generate(self, rng: random.Random) -> Problem | None:
         k = rng.randint(*self.num_numbers)
