@@ -30,12 +30,17 @@ def test_the_ceiling_recipe_logs_where_the_credit_falls(tmp_path: Path, estimato
         assert step["entropy/free_mean"] > step["entropy/decisive_mean"]
 
 
-def test_credit_reports_the_free_tokens(tmp_path: Path) -> None:
+def credit(tmp_path: Path, model: str, task: str) -> tuple[dict, Path]:
+    """`pivotrl credit` at the smallest size, as a user runs it: (credit.json, the output folder)."""
     out = tmp_path / "credit"
-    proc = pivotrl("credit", "--model", "tiny-free", "--task", "countdown_free", "-n", "2", "-g", "2", "-k", "2",
-                   "--bootstrap", "20", "-o", str(out))
+    proc = pivotrl("credit", "--model", model, "--task", task, "-n", "2", "-g", "2", "-k", "2", "--bootstrap", "20",
+                   "-o", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads((out / "credit.json").read_text())
+    return json.loads((out / "credit.json").read_text()), out
+
+
+def test_credit_reports_the_free_tokens(tmp_path: Path) -> None:
+    result, out = credit(tmp_path, "tiny-free", "countdown_free")
     free = result["free_tokens"]
     assert free["free_share"]["grpo_oracle"][1] == 0.0 and free["free_share"]["grpo"][1] > 0.3
     assert {"grpo_oracle", "process_oracle"} <= set(result["estimators"])
@@ -47,11 +52,7 @@ def test_credit_reports_the_free_tokens(tmp_path: Path) -> None:
 
 
 def test_credit_without_free_choices_leaves_out_the_oracle_that_needs_them(tmp_path: Path) -> None:
-    out = tmp_path / "credit"
-    proc = pivotrl("credit", "--model", "tiny", "--task", "countdown", "-n", "2", "-g", "2", "-k", "2",
-                   "--bootstrap", "20", "-o", str(out))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads((out / "credit.json").read_text())
+    result, _ = credit(tmp_path, "tiny", "countdown")
     assert "grpo_oracle" not in result["estimators"] and "process_oracle" in result["estimators"]
     assert "free_tokens" not in result and "free" not in result["positions"][0]
 
