@@ -1,11 +1,13 @@
 """The tables and plots of docs/EXPERIMENTS.md, "Ceilings": methods and oracles against GRPO, paired by seed.
 
     .venv/bin/python scripts/ceilings.py runs/ceil_free [more compare folders] -o docs/experiments/ceilings/free \
-        [--baseline grpo] [--ceiling grpo_oracle]
+        [--baseline grpo] [--ceiling grpo_oracle] [--holm erpo,high_entropy,pivot_mc]
 
 Reads every run of the `pivotrl compare` folders given (their runs/ subfolders), and writes into -o:
 table.md (per method: seeds, final held-out accuracy with its 95% t-interval, the paired difference
-with the baseline and its Holm-adjusted p-value over the methods compared, generated tokens per run,
+with the baseline, its p-value (Holm-adjusted over the labels given to --holm), the sd of the per-seed
+differences and the smallest difference the test detects (α = 0.05, power 0.8; at Holm's first step
+for the labels corrected together), the same difference at the first evaluation, generated tokens per run,
 mean credit/free_share, and with --ceiling the share of the ceiling's gain each method recovers),
 summary.json (the same, as numbers), accuracy.png (held-out accuracy over training, mean over seeds)
 and, when the runs log free vs decisive entropy, entropy.png.
@@ -26,7 +28,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pivotrl.analysis.paired import holm, paired_difference  # noqa: E402
+from pivotrl.analysis.paired import detectable_difference, holm, paired_difference  # noqa: E402
 from pivotrl.analysis.report import mean_ci95  # noqa: E402
 from pivotrl.analysis.runs import RunRecord, read_run  # noqa: E402
 
@@ -56,7 +58,8 @@ def per_run(run: RunRecord) -> dict[str, float]:
             "length": run.summary.get("mean_length_after", math.nan)}
 
 
-def compare(runs: dict[str, list[RunRecord]], baseline: str, ceiling: str | None) -> dict[str, dict]:
+def compare(runs: dict[str, list[RunRecord]], baseline: str, ceiling: str | None,
+            holm_over: list[str]) -> dict[str, dict]:
     values = {label: {r.seed: per_run(r) for r in rs} for label, rs in runs.items()}
     if baseline not in values:
         raise SystemExit(f"no finished {baseline} runs in the folders given")
@@ -79,8 +82,11 @@ def compare(runs: dict[str, list[RunRecord]], baseline: str, ceiling: str | None
                        early_low=early.low, early_high=early.high)
         out[label] = row
     others = [label for label in out if label != baseline]
-    for label, p in holm({label: out[label]["p"] for label in others}).items():
-        out[label]["p_holm"] = p
+    corrected = holm({label: out[label]["p"] for label in others if label in holm_over})
+    for label in others:  # Holm's correction over the methods named; each other label is its own question
+        tests = len(corrected) if label in corrected else 1
+        out[label]["p_adjusted"] = corrected.get(label, out[label]["p"])
+        out[label]["mde"] = detectable_difference(out[label]["sd_diff"], out[label]["paired_seeds"], tests=tests)
     if ceiling is not None and ceiling in out and out[ceiling]["diff"]:
         for label in others:
             out[label]["share_of_ceiling"] = out[label]["diff"] / out[ceiling]["diff"]
@@ -89,21 +95,22 @@ def compare(runs: dict[str, list[RunRecord]], baseline: str, ceiling: str | None
 
 def markdown(rows: dict[str, dict], baseline: str, ceiling: str | None) -> str:
     head = ["method", "seeds", "held-out acc. before", "after (mean ± 95% CI)", f"after − {baseline}'s, paired (95% CI)",
-            "p (Holm)", "first evaluation − baseline's, paired (95% CI)", "generated tokens per run",
+            "p", "sd of the differences; MDE", "first evaluation − baseline's, paired (95% CI)", "generated tokens per run",
             "credit/free_share", "mean length after"]
     if ceiling:
         head.append(f"share of {ceiling}'s gain")
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for label, r in rows.items():
         if label == baseline:
-            diff, p, early = "–", "–", "–"
+            diff, p, mde, early = "–", "–", "–", "–"
         else:
             diff = f"{r['diff']:+.3f} ({r['diff_low']:+.3f} to {r['diff_high']:+.3f})"
-            p = f"{r['p_holm']:.3f}"
+            p = f"{r['p_adjusted']:.3f}" + (" (Holm)" if r["p_adjusted"] != r["p"] else "")
+            mde = f"{r['sd_diff']:.3f}; {r['mde']:.3f}"
             early = (f"step {r['early_step']}: {r['early_diff']:+.3f} ({r['early_low']:+.3f} to {r['early_high']:+.3f})"
                      if r["early_step"] is not None else "–")
         cells = [label, str(r["seeds"]), f"{r['before']:.3f}", f"{r['after']:.3f} ± {r['after_ci95']:.3f}", diff, p,
-                 early,
+                 mde, early,
                  f"{r['tokens']:,.0f}", "–" if math.isnan(r["free_share"]) else f"{r['free_share']:.3f}",
                  f"{r['length']:.1f}"]
         if ceiling:
@@ -160,6 +167,8 @@ def main() -> None:
     parser.add_argument("-o", "--output-dir", type=Path, required=True)
     parser.add_argument("--baseline", default="grpo")
     parser.add_argument("--ceiling", default=None, help="the oracle whose gain the methods' gains are shares of")
+    parser.add_argument("--holm", default="", help="comma-separated labels compared with the baseline as several "
+                        "tests, corrected together (Holm); any other label is its own question")
     parser.add_argument("--title", default="")
     args = parser.parse_args()
     for folder in args.folders:
@@ -167,7 +176,7 @@ def main() -> None:
             parser.error(f"{folder} is not a pivotrl compare folder (no runs/)")
     args.output_dir.mkdir(parents=True, exist_ok=True)
     runs = read_folders(args.folders)
-    rows = compare(runs, args.baseline, args.ceiling)
+    rows = compare(runs, args.baseline, args.ceiling, [m for m in args.holm.split(",") if m])
     table = markdown(rows, args.baseline, args.ceiling)
     (args.output_dir / "table.md").write_text(table)
     (args.output_dir / "summary.json").write_text(json.dumps(rows, indent=1))
