@@ -52,5 +52,8 @@ def random_batch(
     entropies = torch.rand(n, width, generator=g, dtype=dtype) * 3
     cuts = torch.rand(n, width, generator=g) < 0.25  # pivots with branch values, for pivot_mc
     values = torch.where(cuts, torch.rand(n, width, generator=g, dtype=dtype), torch.nan)
+    free = (torch.rand(n, width, generator=g) < 0.5).to(dtype)  # a task's marks, for the oracles
+    reachable = (torch.rand(n, width, generator=g) < 0.7).to(dtype)
     return TokenBatch(rewards=rewards, group_index=torch.arange(n) // group_size, response_mask=mask,
-                      old_logprobs=old, ref_logprobs=ref, entropies=entropies, pivot_values=values)
+                      old_logprobs=old, ref_logprobs=ref, entropies=entropies, pivot_values=values,
+                      free_mask=free, reachable=reachable)

@@ -245,5 +245,6 @@ def test_empty_batches_give_empty_advantages(name: str, shape: tuple[int, int]) 
     n, width = shape
     batch = TokenBatch(torch.rand(n), torch.arange(n) // 2, torch.ones(n, width, dtype=torch.bool),
                        torch.rand(n, width), torch.rand(n, width), torch.rand(n, width),
-                       pivot_values=torch.full((n, width), torch.nan))
+                       pivot_values=torch.full((n, width), torch.nan), free_mask=torch.zeros(n, width),
+                       reachable=torch.ones(n, width))
     assert compute_advantages(name, batch).shape == shape
