@@ -9,7 +9,8 @@ with the baseline, its p-value (Holm-adjusted over the labels given to --holm), 
 differences and the smallest difference the test detects (α = 0.05, power 0.8; at Holm's first step
 for the labels corrected together), the same difference at the first evaluation, generated tokens per run,
 mean credit/free_share, and with --ceiling the share of the ceiling's gain each method recovers),
-summary.json (the same, as numbers), accuracy.png (held-out accuracy over training, mean over seeds)
+dynamics.md (per method, the mean over seeds of the first and the last five steps' response length, token
+entropy and share of groups whose rewards all agree), summary.json (both, as numbers), accuracy.png (held-out accuracy over training, mean over seeds)
 and, when the runs log free vs decisive entropy, entropy.png.
 """
 
@@ -56,6 +57,38 @@ def per_run(run: RunRecord) -> dict[str, float]:
             "tokens": sum(m.get("rollout/tokens_generated", 0.0) for m in steps),
             "free_share": statistics.fmean(shares) if shares else math.nan,
             "length": run.summary.get("mean_length_after", math.nan)}
+
+
+DYNAMICS = {"response_length/mean": "response length (tokens)", "entropy/mean": "token entropy (nats)",
+            "entropy/decisive_mean": "decisive tokens' entropy", "groups/zero_var_frac": "groups that agree"}
+
+
+def first_and_last(run: RunRecord, key: str, steps: int = 5) -> tuple[float, float]:
+    """The mean of a logged metric over a run's first and last few steps (nan when it is not logged)."""
+    values = run.series(key)[1]
+    if not values:
+        return math.nan, math.nan
+    return statistics.fmean(values[:steps]), statistics.fmean(values[-steps:])
+
+
+def dynamics(runs: dict[str, list[RunRecord]]) -> dict[str, dict[str, list[float]]]:
+    """Per method and metric: [first steps, last steps], each the mean over seeds."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for label, rs in runs.items():
+        pairs = {key: [first_and_last(r, key) for r in rs] for key in DYNAMICS}
+        out[label] = {key: [statistics.fmean(p[0] for p in ps), statistics.fmean(p[1] for p in ps)]
+                      for key, ps in pairs.items()}
+    return out
+
+
+def dynamics_markdown(rows: dict[str, dict[str, list[float]]]) -> str:
+    head = ["method"] + [f"{name}, first -> last 5 steps" for name in DYNAMICS.values()]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * len(DYNAMICS)]
+    for label, metrics in rows.items():
+        cells = ["–" if math.isnan(a) else f"{a:.3f} -> {b:.3f}" if key != "response_length/mean" else f"{a:.1f} -> {b:.1f}"
+                 for key, (a, b) in metrics.items()]
+        lines.append("| " + " | ".join([label, *cells]) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def compare(runs: dict[str, list[RunRecord]], baseline: str, ceiling: str | None,
@@ -178,11 +211,16 @@ def main() -> None:
     runs = read_folders(args.folders)
     rows = compare(runs, args.baseline, args.ceiling, [m for m in args.holm.split(",") if m])
     table = markdown(rows, args.baseline, args.ceiling)
+    trends = dynamics(runs)
     (args.output_dir / "table.md").write_text(table)
+    (args.output_dir / "dynamics.md").write_text(dynamics_markdown(trends))
+    for label, row in rows.items():
+        row["dynamics"] = trends[label]
     (args.output_dir / "summary.json").write_text(json.dumps(rows, indent=1))
     plot_accuracy(runs, args.output_dir / "accuracy.png", args.title or "held-out accuracy")
     plot_entropy(runs, args.output_dir / "entropy.png", (args.title or "") + ": free (—) vs decisive (--) entropy")
     print(table)
+    print(dynamics_markdown(trends))
 
 
 if __name__ == "__main__":
