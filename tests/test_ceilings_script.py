@@ -1,0 +1,60 @@
+"""scripts/ceilings.py end to end, on run folders written the way the trainer writes them: its paired
+differences against a computation by hand, its dynamics table against the metrics it reads."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+FINAL = {"grpo": [0.41, 0.40, 0.43], "grpo_oracle": [0.42, 0.42, 0.44]}
+
+
+def write_run(folder: Path, method: str, seed: int, final: float) -> None:
+    run = folder / "runs" / f"{method}-seed{seed}"
+    (run / "eval").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({"algorithm": {"estimator": method}, "train": {"seed": seed}}))
+    steps = [{"step": s, "rollout/tokens_generated": 100.0, "response_length/mean": 60.0 + s + seed,
+              "entropy/mean": 0.5 - 0.01 * s, "groups/zero_var_frac": 0.2 + 0.02 * s,
+              "credit/free_share": 0.0 if method == "grpo_oracle" else 0.5} for s in range(1, 11)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in steps))
+    for step, accuracy in ((0, 0.28), (5, final - 0.05), (10, final)):
+        (run / "eval" / f"step-{step:06d}.json").write_text(json.dumps({"accuracy": accuracy}))
+    (run / "summary.json").write_text(json.dumps({"heldout_accuracy_before": 0.28, "heldout_accuracy_after": final,
+                                                  "mean_length_after": 66.0}))
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_ceilings_table_and_dynamics(tmp_path: Path) -> None:
+    folder = tmp_path / "compare"
+    for method, finals in FINAL.items():
+        for seed, final in enumerate(finals):
+            write_run(folder, method, seed, final)
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "ceilings.py"), str(folder), "-o", str(out)],
+                   check=True, capture_output=True, text=True)
+    rows = json.loads((out / "summary.json").read_text())
+
+    diffs = [m - g for m, g in zip(FINAL["grpo_oracle"], FINAL["grpo"], strict=True)]
+    mean = sum(diffs) / 3
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2)
+    t_975_df2 = 4.302652729911275  # Student's t, 97.5th percentile, 2 degrees of freedom (tables)
+    oracle = rows["grpo_oracle"]
+    assert oracle["diff"] == pytest.approx(mean)
+    assert oracle["diff_low"] == pytest.approx(mean - t_975_df2 * sd / math.sqrt(3))
+    assert oracle["free_share"] == 0 and rows["grpo"]["free_share"] == pytest.approx(0.5)
+    assert oracle["tokens"] == pytest.approx(1000.0)
+
+    # first five steps 1..5 and last five 6..10; lengths 60 + step + seed, averaged over seeds 0..2
+    length_first, length_last = rows["grpo"]["dynamics"]["response_length/mean"]
+    assert length_first == pytest.approx(60 + 3 + 1) and length_last == pytest.approx(60 + 8 + 1)
+    entropy_first, entropy_last = rows["grpo"]["dynamics"]["entropy/mean"]
+    assert entropy_first == pytest.approx(0.47) and entropy_last == pytest.approx(0.42)
+    assert "64.0 -> 69.0" in (out / "dynamics.md").read_text()
+    assert (out / "table.md").is_file() and (out / "accuracy.png").is_file()
