@@ -10,7 +10,8 @@ differences and the smallest difference the test detects (α = 0.05, power 0.8; 
 for the labels corrected together), the same difference at the first evaluation, generated tokens per run,
 mean credit/free_share, and with --ceiling the share of the ceiling's gain each method recovers),
 dynamics.md (per method, the mean over seeds of the first and the last five steps' response length, token
-entropy and share of groups whose rewards all agree), summary.json (both, as numbers), accuracy.png (held-out accuracy over training, mean over seeds)
+entropy, the decisive tokens' entropy and the share of tokens free where the task marks them, and the share of
+groups whose rewards all agree), summary.json (both, as numbers), accuracy.png (held-out accuracy over training, mean over seeds)
 and, when the runs log free vs decisive entropy, entropy.png.
 """
 
@@ -60,7 +61,8 @@ def per_run(run: RunRecord) -> dict[str, float]:
 
 
 DYNAMICS = {"response_length/mean": "response length (tokens)", "entropy/mean": "token entropy (nats)",
-            "entropy/decisive_mean": "decisive tokens' entropy", "groups/zero_var_frac": "groups that agree"}
+            "entropy/decisive_mean": "decisive tokens' entropy", "tokens/free_frac": "share of tokens free",
+            "groups/zero_var_frac": "groups that agree"}
 
 
 def first_and_last(run: RunRecord, key: str, steps: int = 5) -> tuple[float, float]:
@@ -218,7 +220,8 @@ def main() -> None:
         row["dynamics"] = trends[label]
     (args.output_dir / "summary.json").write_text(json.dumps(rows, indent=1))
     plot_accuracy(runs, args.output_dir / "accuracy.png", args.title or "held-out accuracy")
-    plot_entropy(runs, args.output_dir / "entropy.png", (args.title or "") + ": free (—) vs decisive (--) entropy")
+    plot_entropy(runs, args.output_dir / "entropy.png",
+                 ": ".join(filter(None, [args.title, "free (—) vs decisive (--) entropy"])))
     print(table)
     print(dynamics_markdown(trends))
 
