@@ -8,7 +8,8 @@ table.md (per method: seeds, final held-out accuracy with its 95% t-interval, th
 with the baseline, its p-value (Holm-adjusted over the labels given to --holm), the sd of the per-seed
 differences and the smallest difference the test detects (α = 0.05, power 0.8; at Holm's first step
 for the labels corrected together), the same difference at the first evaluation, generated tokens per run,
-mean credit/free_share, and with --ceiling the share of the ceiling's gain each method recovers),
+mean credit/free_share, and with --ceiling the share of the ceiling's gain each method recovers, where
+the ceiling's interval stands above 0),
 dynamics.md (per method, the mean over seeds of the first and the last five steps' response length, token
 entropy, the decisive tokens' entropy and the share of tokens free where the task marks them, and the share of
 groups whose rewards all agree), summary.json (both, as numbers), accuracy.png (held-out accuracy over training, mean over seeds)
@@ -122,7 +123,8 @@ def compare(runs: dict[str, list[RunRecord]], baseline: str, ceiling: str | None
         tests = len(corrected) if label in corrected else 1
         out[label]["p_adjusted"] = corrected.get(label, out[label]["p"])
         out[label]["mde"] = detectable_difference(out[label]["sd_diff"], out[label]["paired_seeds"], tests=tests)
-    if ceiling is not None and ceiling in out and out[ceiling]["diff"]:
+    # a share of a gain is read only when the ceiling's interval stands above 0; else the column says "–"
+    if ceiling is not None and ceiling in out and out[ceiling]["diff_low"] > 0:
         for label in others:
             out[label]["share_of_ceiling"] = out[label]["diff"] / out[ceiling]["diff"]
     return out
