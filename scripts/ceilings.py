@@ -10,7 +10,7 @@ differences and the smallest difference the test detects (α = 0.05, power 0.8; 
 for the labels corrected together), the same difference at the first evaluation, generated tokens per run,
 mean credit/free_share, and with --ceiling the share of the ceiling's gain each method recovers, where
 the ceiling's interval stands above 0),
-dynamics.md (per method, the mean over seeds of the first and the last five steps' response length, token
+dynamics.md (per method, the mean over seeds of the first and the last five steps' generated tokens, response length, token
 entropy, the decisive tokens' entropy and the share of tokens free where the task marks them, and the share of
 groups whose rewards all agree), summary.json (both, as numbers), accuracy.png (held-out accuracy over training, mean over seeds)
 and, when the runs log free vs decisive entropy, entropy.png.
@@ -61,7 +61,7 @@ def per_run(run: RunRecord) -> dict[str, float]:
             "length": run.summary.get("mean_length_after", math.nan)}
 
 
-DYNAMICS = {"response_length/mean": "response length (tokens)", "entropy/mean": "token entropy (nats)",
+DYNAMICS = {"rollout/tokens_generated": "tokens generated a step", "response_length/mean": "response length (tokens)", "entropy/mean": "token entropy (nats)",
             "entropy/decisive_mean": "decisive tokens' entropy", "tokens/free_frac": "share of tokens free",
             "groups/zero_var_frac": "groups that agree"}
 
@@ -85,10 +85,11 @@ def dynamics(runs: dict[str, list[RunRecord]]) -> dict[str, dict[str, list[float
 
 
 def dynamics_markdown(rows: dict[str, dict[str, list[float]]]) -> str:
+    formats = {"rollout/tokens_generated": ",.0f", "response_length/mean": ".1f"}
     head = ["method"] + [f"{name}, first -> last 5 steps" for name in DYNAMICS.values()]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * len(DYNAMICS)]
     for label, metrics in rows.items():
-        cells = ["–" if math.isnan(a) else f"{a:.3f} -> {b:.3f}" if key != "response_length/mean" else f"{a:.1f} -> {b:.1f}"
+        cells = ["–" if math.isnan(a) else f"{a:{formats.get(key, '.3f')}} -> {b:{formats.get(key, '.3f')}}"
                  for key, (a, b) in metrics.items()]
         lines.append("| " + " | ".join([label, *cells]) + " |")
     return "\n".join(lines) + "\n"
