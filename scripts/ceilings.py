@@ -61,8 +61,8 @@ def per_run(run: RunRecord) -> dict[str, float]:
             "length": run.summary.get("mean_length_after", math.nan)}
 
 
-DYNAMICS = {"rollout/tokens_generated": "tokens generated a step", "response_length/mean": "response length (tokens)", "entropy/mean": "token entropy (nats)",
-            "entropy/decisive_mean": "decisive tokens' entropy", "tokens/free_frac": "share of tokens free",
+DYNAMICS = {"rollout/tokens_generated": "tokens generated a step", "response_length/mean": "response length (tokens)",
+            "entropy/mean": "token entropy (nats)", "entropy/decisive_mean": "decisive tokens' entropy", "tokens/free_frac": "share of tokens free",
             "groups/zero_var_frac": "groups that agree"}
 
 
@@ -217,8 +217,9 @@ def main() -> None:
     rows = compare(runs, args.baseline, args.ceiling, [m for m in args.holm.split(",") if m])
     table = markdown(rows, args.baseline, args.ceiling)
     trends = dynamics(runs)
+    trends_table = dynamics_markdown(trends)
     (args.output_dir / "table.md").write_text(table)
-    (args.output_dir / "dynamics.md").write_text(dynamics_markdown(trends))
+    (args.output_dir / "dynamics.md").write_text(trends_table)
     for label, row in rows.items():
         row["dynamics"] = trends[label]
     (args.output_dir / "summary.json").write_text(json.dumps(rows, indent=1))
@@ -226,7 +227,7 @@ def main() -> None:
     plot_entropy(runs, args.output_dir / "entropy.png",
                  ": ".join(filter(None, [args.title, "free (—) vs decisive (--) entropy"])))
     print(table)
-    print(dynamics_markdown(trends))
+    print(trends_table)
 
 
 if __name__ == "__main__":
