@@ -15,6 +15,8 @@ from pivotrl.evaluation import (  # torch-free: read before any option is checke
 )
 from pivotrl.tasks.loaders import MAX_ROW_CHARS
 
+ENGINE_HELP = "Rollout engine: hf (transformers), or vllm (vLLM on the CPU or one GPU; docs/INTEGRATIONS.md)"
+
 app = typer.Typer(cls=OneLineErrors, no_args_is_help=True, add_completion=False, help=__doc__)
 
 
@@ -156,6 +158,7 @@ def eval_command(
     chat: Annotated[bool, typer.Option(help="Use the tokenizer's chat template")] = False,
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N")] = "auto",
+    engine: Annotated[str, typer.Option(help=ENGINE_HELP)] = "hf",
     threads: Annotated[int, typer.Option(min=1, help="torch threads (CPU); 1 is fastest on a shared machine (docs/PERFORMANCE.md)")] = 1,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write every sample to this jsonl file, and a log of the phases beside it (SAMPLES.log.txt); default: no files")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --output file (and its log)")] = False,
@@ -180,10 +183,12 @@ def eval_command(
     with user_errors():
         from pivotrl.modeling.devices import check_device
         from pivotrl.progress import Phases
+        from pivotrl.rollout.engines import check_engine
         from pivotrl.tasks import get_task
         from pivotrl.train.run_folder import check_output_file
 
         check_device(device, "--device")
+        check_engine(engine, device)
         samples_path, log_path = output, None
         if output is not None:
             log_path = eval_log_path(output)
@@ -204,12 +209,13 @@ def eval_command(
                 from pivotrl.rollout import make_engine
 
                 policy, tokenizer = load_policy(model, device=device)
-                engine = make_engine("hf", policy, tokenizer)
+                options = {"seed": seed} if engine == "vllm" else {}
+                rollout_engine = make_engine(engine, policy, tokenizer, **options)
             if log_path is not None:
                 phases.log_to(log_path)  # from here on there is work to log (a refusal above leaves no file)
             prompts = [the_task.format_prompt(p, tokenizer, chat=chat) for p in problems]
             with phases.phase("evaluating", unit="problems") as update:
-                result = evaluate_policy(engine, the_task, problems, prompts=prompts, samples_per_problem=k,
+                result = evaluate_policy(rollout_engine, the_task, problems, prompts=prompts, samples_per_problem=k,
                                          temperature=temperature, max_new_tokens=length, batch_size=batch_size,
                                          seed=seed, samples_path=samples_path, progress=update)
             result["skipped_rows"] = problems.skipped
@@ -295,7 +301,7 @@ def analyze(
     perturbations: Annotated[int, typer.Option(min=1, help="Perturbed positions per side")] = 200,
     max_new_tokens: Annotated[int | None, typer.Option(min=1, help="Longest response (default: the task's)")] = None,
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
-    engine: Annotated[str, typer.Option(help="Rollout engine: hf, or vllm (one GPU)")] = "hf",
+    engine: Annotated[str, typer.Option(help=ENGINE_HELP)] = "hf",
     threads: Annotated[int, typer.Option(min=1, help="torch threads (CPU); 1 is fastest on a shared machine (docs/PERFORMANCE.md)")] = 1,
     output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Where entropy.png, tokens.html, pivots.json and log.txt go")] = Path("runs/analyze"),
 ) -> None:
@@ -338,8 +344,10 @@ def _side_run(command: str, ctx: typer.Context, output_dir: Path, task, num_prob
     from pivotrl.modeling.policy import frozen_copy, load_policy
     from pivotrl.progress import Phases
     from pivotrl.rollout import make_engine
+    from pivotrl.rollout.engines import check_engine
     from pivotrl.train.run_folder import check_report_dir, lock_folder
 
+    check_engine(engine)
     check_report_dir(output_dir)
     with lock_folder(output_dir, "--output-dir"), \
             Phases(command, progress_console(), output_dir / "log.txt", settings=ctx.params) as phases:
@@ -370,7 +378,7 @@ def credit(
     html_estimators: Annotated[str, typer.Option(help="Comma-separated estimators shown in tokens.html")] = "grpo,erpo",
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
     threads: Annotated[int, typer.Option(min=1, help="torch threads (CPU); 1 is fastest on a shared machine (docs/PERFORMANCE.md)")] = 1,
-    engine: Annotated[str, typer.Option(help="Rollout engine: hf, or vllm (one GPU)")] = "hf",
+    engine: Annotated[str, typer.Option(help=ENGINE_HELP)] = "hf",
     pivots: Annotated[int, typer.Option(min=1, help="pivot_mc: pivots per response")] = 2,
     branches: Annotated[int, typer.Option(min=1, help="pivot_mc: branches sampled at each pivot (independent of -k)")] = 4,
     output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Where credit.json, report.md, plots, tokens.html and log.txt go")] = Path("runs/credit"),

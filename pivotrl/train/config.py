@@ -62,7 +62,7 @@ class BranchConfig(Section):
 
 class RolloutConfig(Section):
     engine: Literal["hf", "vllm"] = "hf"
-    """Generation engine: hf (transformers, any device) or vllm (GPU, optional extra)."""
+    """Generation engine: hf (transformers, any device) or vllm (vLLM on the CPU or one GPU; docs/INTEGRATIONS.md)."""
     prompts_per_step: int = Field(32, ge=1)
     """Prompts sampled per training step."""
     group_size: int = Field(8, ge=1)
@@ -80,7 +80,9 @@ class RolloutConfig(Section):
     logprob_diff_patience: int = Field(3, ge=1)
     """Sampler check: consecutive steps above rollout.max_logprob_diff before the run aborts."""
     gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)
-    """vllm engine: share of the GPU's memory vLLM may take for its weights and KV cache."""
+    """vllm engine: share of the GPU's memory vLLM may take for its weights and KV cache (on the CPU: VLLM_CPU_KVCACHE_SPACE)."""
+    enforce_eager: bool | None = None
+    """vllm engine: no torch.compile or CUDA graphs (None: eager on the CPU, where it starts in seconds, not minutes)."""
     dynamic_sampling: bool = False
     """DAPO: drop groups whose rewards are all equal and sample more prompts to refill."""
     max_resample_rounds: int = Field(3, ge=0)

@@ -127,7 +127,8 @@ class Trainer:
             self.model.gradient_checkpointing_enable()
         engine_options: dict[str, Any] = {"max_prompt_tokens": cfg.rollout.max_prompt_tokens}
         if cfg.rollout.engine == "vllm":
-            engine_options.update(gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, seed=cfg.train.seed)
+            engine_options.update(gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, seed=cfg.train.seed,
+                                  enforce_eager=cfg.rollout.enforce_eager)
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, **engine_options)
         self.pieces = TokenPieces(self.tokenizer)
         self.device = next(self.model.parameters()).device
