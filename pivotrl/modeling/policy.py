@@ -32,7 +32,8 @@ def load_policy(
     arch: dict[str, int] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer with left padding and a pad token) for a shipped tiny policy
-    ('tiny', 'tiny-search', 'tiny-free'), 'tiny-random' or a path/hub id."""
+    ('tiny', 'tiny-search', 'tiny-free'), 'tiny-random', a packaged GGUF model ('smollm2-135m'),
+    a .gguf file (both converted once into a cached folder: modeling/gguf.py) or a path/hub id."""
     from pivotrl.modeling.tiny import TINY_MODELS
 
     if dtype not in DTYPES:
@@ -48,7 +49,9 @@ def load_policy(
         tokenizer = build_char_tokenizer()
         model = build_tiny_model(tokenizer, seed=seed, **(arch or {}))
     else:
-        name_or_path = model_in_folder(name_or_path)
+        from pivotrl.modeling.gguf import resolve_gguf
+
+        name_or_path = model_in_folder(resolve_gguf(name_or_path))
         options = model_source(name_or_path)
         tokenizer = load_tokenizer(name_or_path, **options)
         try:
