@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -18,6 +19,16 @@ from transformers import (
 from pivotrl.modeling.quiet import quiet_loading
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def compute_precision(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
+    """The context a forward of float32 weights runs in to compute in `dtype`: torch.autocast to
+    bfloat16 or float16 (the matmuls in that dtype, the weights left as they are), nothing for float32."""
+    if dtype not in DTYPES:
+        raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=DTYPES[dtype])
 
 
 def resolve_device(device: str) -> torch.device:

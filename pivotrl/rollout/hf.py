@@ -7,7 +7,7 @@ import functools
 import torch
 from torch import Tensor
 
-from pivotrl.modeling.policy import cache_kwarg, output_cache, positions_from_mask
+from pivotrl.modeling.policy import cache_kwarg, compute_precision, output_cache, positions_from_mask
 from pivotrl.rollout.base import Rollout, check_sampling, left_pad, tokenize_prompts
 
 
@@ -110,9 +110,12 @@ class HFEngine:
     """Samples with the policy itself: left-padded prompts, one forward per new token, stop at EOS."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, max_prompt_tokens: int | None = None,
-                 grow_cache_in_place: bool = True) -> None:
+                 grow_cache_in_place: bool = True, dtype: str = "float32") -> None:
+        """`dtype`: what the forwards compute in (bfloat16 or float16: under torch.autocast, whatever the
+        weights' own dtype; modeling.policy.compute_precision)."""
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs a pad and an eos token for batched sampling")
+        self.dtype = dtype
         self.model = model
         self.tokenizer = tokenizer
         self.max_prompt_tokens = max_prompt_tokens
@@ -165,11 +168,17 @@ class HFEngine:
         there (truncated, if no EOS came first).
         """
         check_sampling(temperature, top_p)
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         generator = generator_on(prompt_ids.device, generator)
         limits = torch.as_tensor(max_new_tokens, device=prompt_ids.device).expand(prompt_ids.shape[0])
         if bool((limits < 1).any()):
             raise ValueError(f"max_new_tokens must be >= 1, got {limits.min().item()}")
+        with compute_precision(prompt_ids.device, self.dtype):
+            return self._sample(prompt_ids, prompt_mask, num_samples, limits, temperature, top_p, generator)
+
+    def _sample(self, prompt_ids: Tensor, prompt_mask: Tensor, num_samples: int, limits: Tensor,
+                temperature: float, top_p: float, generator: torch.Generator | None) -> Rollout:
+        """generate_from_ids after its checks: prefill, then one forward per new token."""
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         was_training = self.model.training
         self.model.eval()
         attention = prompt_mask.long()

@@ -60,7 +60,9 @@ class VLLMEngine:
     """Samples with an in-process vLLM engine that holds a copy of the policy's weights (sync_weights refreshes it)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, max_prompt_tokens: int | None = None,
-                 gpu_memory_utilization: float = 0.3, seed: int = 0, enforce_eager: bool | None = None) -> None:
+                 gpu_memory_utilization: float = 0.3, seed: int = 0, enforce_eager: bool | None = None,
+                 dtype: str | None = None) -> None:
+        """`dtype`: what vLLM computes in (float32, bfloat16, float16; None: the policy's weights' dtype)."""
         device = next(model.parameters()).device
         if device.type not in INSTALL:
             raise ConfigError(f"rollout.engine=vllm runs the policy on cpu or cuda, not {device.type}; "
@@ -88,7 +90,7 @@ class VLLMEngine:
         config.save_pretrained(self._config_dir.name)
         self.llm = vllm.LLM(
             model=self._config_dir.name, skip_tokenizer_init=True, load_format="dummy",
-            dtype=str(next(model.parameters()).dtype).removeprefix("torch."), seed=seed,
+            dtype=dtype or str(next(model.parameters()).dtype).removeprefix("torch."), seed=seed,
             gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
             enforce_eager=self.on_cpu if enforce_eager is None else enforce_eager,
         )

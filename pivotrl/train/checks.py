@@ -30,7 +30,7 @@ from pivotrl.algorithms import (
 )
 from pivotrl.algorithms.registry import Entry, Registry, unknown
 from pivotrl.errors import ConfigError
-from pivotrl.modeling.devices import check_device
+from pivotrl.modeling.devices import check_device, cpu_has_fast_bf16
 from pivotrl.modeling.policy import resolve_device
 from pivotrl.rollout.vllm import check_vllm_installed
 from pivotrl.train.config import RunConfig
@@ -72,6 +72,11 @@ def check_config(config: RunConfig) -> list[str]:
     if config.eval.task is not None:
         _check_task("eval.task", config.eval.task.name, config.eval.task.options)
     warnings = []
+    if (config.model.dtype != "float32" and resolve_device(config.model.device).type == "cpu"
+            and not cpu_has_fast_bf16()):
+        warnings.append(f"model.dtype={config.model.dtype} on a CPU without AVX512-BF16 or AMX: its matmuls are "
+                        "emulated, several times slower than float32 here (docs/PERFORMANCE.md); "
+                        "model.dtype=float32 is faster on this machine")
     if config.model.arch and config.model.name_or_path != "tiny-random":
         warnings.append(f"model.arch is ignored: it shapes a fresh model (model.name_or_path=tiny-random), and "
                         f"{config.model.name_or_path!r} brings its own architecture")

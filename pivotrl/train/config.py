@@ -25,7 +25,7 @@ class ModelConfig(Section):
     name_or_path: str = "tiny"
     """'tiny' (the shipped countdown policy), 'tiny-search' (the shipped countdown_search policy), 'tiny-free' (the shipped countdown_free policy), 'tiny-random' (a fresh tiny model, for tests), or a local path / hub id."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype of the policy and the reference model."""
+    """What the policy and the reference model compute in. The weights stay float32 (the master copy AdamW updates and checkpoints hold); bfloat16 / float16 run every forward under torch.autocast, and the vllm engine samples in that dtype."""
     device: str = "auto"
     """'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ..."""
     chat_template: bool = False
@@ -75,8 +75,8 @@ class RolloutConfig(Section):
     """Sampling temperature (also applied to the log-probs the losses use)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass."""
-    max_logprob_diff: float | None = Field(0.02, ge=0)
-    """Sampler check: abort when rollout/logprob_diff (mean |ℓ^sampler − ℓ^old| over response tokens) stays above this (null: off; see docs/ALGORITHMS.md)."""
+    max_logprob_diff: Annotated[float, Field(ge=0)] | Literal["auto"] | None = "auto"
+    """Sampler check: abort when rollout/logprob_diff (mean |ℓ^sampler − ℓ^old| over response tokens) stays above this (auto: 0.02 in float32, 0.1 in bfloat16/float16; null: off; see docs/ALGORITHMS.md)."""
     logprob_diff_patience: int = Field(3, ge=1)
     """Sampler check: consecutive steps above rollout.max_logprob_diff before the run aborts."""
     gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)

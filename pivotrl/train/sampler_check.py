@@ -14,6 +14,16 @@ from torch import Tensor
 
 from pivotrl.errors import SamplerMismatch
 
+#: rollout.max_logprob_diff "auto", by model.dtype: a few times the rounding gap between two
+#: implementations of one model (measured: float32 about 3e-7; bfloat16 0.003-0.02 on the tiny policy,
+#: about 0.04 on SmolLM2-135M; docs/ALGORITHMS.md "Sampler check").
+AUTO_BOUNDS = {"float32": 0.02, "bfloat16": 0.1, "float16": 0.1}
+
+
+def sampler_bound(setting: float | str | None, dtype: str) -> float | None:
+    """rollout.max_logprob_diff as a number: "auto" is AUTO_BOUNDS[dtype]; a number or None (off) as given."""
+    return AUTO_BOUNDS[dtype] if setting == "auto" else setting
+
 
 def logprob_diff(sampler_logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> float:
     """Mean |ℓ^sampler − ℓ^old| over the tokens where `mask` (B,R) is true; 0.0 when there are none."""

@@ -37,7 +37,7 @@ from pivotrl.algorithms import (
 )
 from pivotrl.errors import ConfigError, TrainingAborted, TrainingInterrupted
 from pivotrl.evaluation import evaluate_policy
-from pivotrl.modeling.policy import describe, frozen_copy, load_policy
+from pivotrl.modeling.policy import compute_precision, describe, frozen_copy, load_policy
 from pivotrl.progress import TrainProgress, heldout_table, task_counts
 from pivotrl.rollout import Rollout, make_engine
 from pivotrl.rollout.branching import Branches
@@ -53,7 +53,7 @@ from pivotrl.train.config import RunConfig, dump_config
 from pivotrl.train.interrupts import sigint_stops_after_step
 from pivotrl.train.loggers import MetricsLogger, truncate_metrics
 from pivotrl.train.rewards import score_texts, shape_rewards
-from pivotrl.train.sampler_check import SamplerCheck, logprob_diff
+from pivotrl.train.sampler_check import SamplerCheck, logprob_diff, sampler_bound
 from pivotrl.train.schedule import ProblemStream, lr_factor
 from pivotrl.train.update import update_policy
 
@@ -105,12 +105,13 @@ class Trainer:
             raise ConfigError(f"algorithm.estimator={cfg.algorithm.estimator!r} reads {', '.join(sorted(unmarked))}, "
                               f"token marks that task {cfg.task.name!r} does not give (countdown, countdown_search "
                               "and countdown_free do; free_mask needs the task option free)")
-        self.model, self.tokenizer = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype,
-                                                 device=cfg.model.device, seed=cfg.train.seed, arch=cfg.model.arch)
+        # float32 weights whatever model.dtype: the master copy AdamW updates (docs/PERFORMANCE.md, "bfloat16")
+        self.model, self.tokenizer = load_policy(cfg.model.name_or_path, device=cfg.model.device,
+                                                 seed=cfg.train.seed, arch=cfg.model.arch)
         self.ref = None
         if self.checks.needs_ref:
             ref = self.model if cfg.model.ref_model is None else load_policy(
-                cfg.model.ref_model, dtype=cfg.model.dtype, device=cfg.model.device)[0]
+                cfg.model.ref_model, device=cfg.model.device)[0]
             self.ref = frozen_copy(ref)
         self.step, self.elapsed, self.nan_steps = 0, 0.0, 0
         self.problems = ProblemStream(self.train_problems, cfg.train.seed + 1)
@@ -125,14 +126,15 @@ class Trainer:
         self.model.train()
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
-        engine_options: dict[str, Any] = {"max_prompt_tokens": cfg.rollout.max_prompt_tokens}
+        engine_options: dict[str, Any] = {"max_prompt_tokens": cfg.rollout.max_prompt_tokens, "dtype": cfg.model.dtype}
         if cfg.rollout.engine == "vllm":
             engine_options.update(gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, seed=cfg.train.seed,
                                   enforce_eager=cfg.rollout.enforce_eager)
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, **engine_options)
         self.pieces = TokenPieces(self.tokenizer)
         self.device = next(self.model.parameters()).device
-        self.sampler_check = SamplerCheck(cfg.rollout.max_logprob_diff, cfg.rollout.logprob_diff_patience)
+        self.sampler_check = SamplerCheck(sampler_bound(cfg.rollout.max_logprob_diff, cfg.model.dtype),
+                                          cfg.rollout.logprob_diff_patience)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr, betas=cfg.train.adam_betas,
                                            weight_decay=cfg.train.weight_decay)
         if resume_from is not None:
@@ -170,15 +172,18 @@ class Trainer:
     def _forward(self, model: torch.nn.Module, rollout: Rollout, rows: torch.Tensor | None = None,
                  entropies: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         m, r = self.config.model, self.config.rollout
-        return response_logprobs(model, rollout, rows, temperature=r.temperature, chunk_size=m.logprob_chunk_size,
-                                 entropies=entropies)
+        with compute_precision(self.device, m.dtype):
+            return response_logprobs(model, rollout, rows, temperature=r.temperature,
+                                     chunk_size=m.logprob_chunk_size, entropies=entropies)
 
     def _forward_all_no_grad(self, model: torch.nn.Module, rollout: Rollout,
                              entropies: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(log-probs, entropies or None) of every response, in micro-batches, without gradients."""
         m, r = self.config.model, self.config.rollout
-        return response_logprobs_no_grad(model, rollout, micro_batch_size=self.config.train.micro_batch_size,
-                                         temperature=r.temperature, chunk_size=m.logprob_chunk_size, entropies=entropies)
+        with compute_precision(self.device, m.dtype):
+            return response_logprobs_no_grad(model, rollout, micro_batch_size=self.config.train.micro_batch_size,
+                                             temperature=r.temperature, chunk_size=m.logprob_chunk_size,
+                                             entropies=entropies)
 
     def _single_forward(self, n: int) -> bool:
         """True when the step makes one update from one forward of all n rows (one epoch, one
