@@ -7,7 +7,12 @@ import functools
 import torch
 from torch import Tensor
 
-from pivotrl.modeling.policy import cache_kwarg, compute_precision, output_cache, positions_from_mask
+from pivotrl.modeling.policy import (
+    cache_kwarg,
+    compute_precision,
+    output_cache,
+    positions_from_mask,
+)
 from pivotrl.rollout.base import Rollout, check_sampling, left_pad, tokenize_prompts
 
 
