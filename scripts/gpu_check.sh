@@ -10,7 +10,7 @@
 #      chunked vs naive log-probs at a 151,936-token vocabulary; TRL's GRPOTrainer step as a ratio;
 #   3. the fast CPU tests (-m "not slow and not gpu") with the machine's torch and transformers;
 #   4. where vLLM is installed: the vLLM tests, `pivotrl credit --engine vllm`, 4 steps of the 1.5B
-#      recipe, and scripts/verl_e2e_gpu.sh.
+#      recipe, and scripts/verl_e2e.sh (verl's main_ppo, 2 steps).
 # Writes gpu_step.json, summary.json and logs into OUT_DIR and ends with one line: gpu check: ...
 #
 #   bash scripts/gpu_check.sh [OUT_DIR]     # default: $OUT when set (the device), else runs/gpu_check
@@ -98,9 +98,9 @@ if [ "$has_vllm" = yes ]; then
   else
     failed=$((failed + 1))
   fi
-  if [ -f scripts/verl_e2e_gpu.sh ]; then
-    echo "== 4. scripts/verl_e2e_gpu.sh"
-    if bash scripts/verl_e2e_gpu.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+  if [ -f scripts/verl_e2e.sh ]; then
+    echo "== 4. scripts/verl_e2e.sh"
+    if bash scripts/verl_e2e.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
   fi
 else
   echo "== 4. vLLM parts skipped: vllm is not installed (pip install 'pivotrl[vllm]')"

@@ -5,7 +5,9 @@
 - ``pivotrl.integrations.verl``: a verl 0.9.1 plugin (entry point group ``verl.plugins``)
   that registers ``pivotrl_<name>`` advantage estimators and policy losses in verl's own
   registries, and ``pivotrl_<mode>`` v1 trainers that hand the estimators the rollout
-  entropies and log-probs (extra ``verl``).
+  entropies and log-probs (extra ``verl``); with it, ``pivotrl.integrations.verl_cpu``, the CPU
+  platform verl lacks, so that verl's own trainer runs where there is no accelerator
+  (``pivotrl.integrations.import_hooks`` applies its changes when verl imports the modules).
 
 Neither submodule is imported here: each needs its engine installed.
 See docs/INTEGRATIONS.md.

@@ -5,7 +5,7 @@ imported (``verl/__init__.py``: ``importlib.metadata.entry_points(group="verl.pl
 each ``ep.load()``-ed, failures logged at DEBUG level and otherwise ignored;
 ``VERL_USE_EXTERNAL_PLUGINS=none`` turns discovery off). pivotrl's entry point
 names this module, and importing it calls :func:`register`, which adds to verl's
-own registries:
+own registries (each as soon as verl imports it):
 
 - advantage estimators ``pivotrl_<name>`` for every pivotrl estimator
   (``pivotrl_grpo``, ``pivotrl_erpo``, ``pivotrl_ep_grpo``, ...) in
@@ -20,7 +20,10 @@ own registries:
   advantage step also fetches the rollout policy's entropies (``entropy``), ``old_log_probs``
   and ``ref_log_prob`` and hands them to the pivotrl estimator. verl keys behaviour on the
   mode's name (``== "sync"``, ``trainer.v1.<mode>``), so they report verl's name
-  (``trainer_mode`` is ``sync`` for ``pivotrl_sync``).
+  (``trainer_mode`` is ``sync`` for ``pivotrl_sync``);
+- a ``cpu`` platform in ``verl.plugin.platform.PlatformRegistry``, which verl picks where no
+  accelerator is present, so that ``verl.trainer.main_ppo`` runs on the CPU with vLLM's CPU
+  build (:mod:`pivotrl.integrations.verl_cpu`).
 
 The reference policy stays verl's decision, made where verl makes it: verl builds one
 iff ``need_reference_policy(config)`` (``actor_rollout_ref.actor.use_kl_loss`` or
@@ -55,8 +58,9 @@ set around verl's own advantage step. Configuration (all plain config keys):
 ``PIVOTRL_VERL_PROBE=<file>`` (read by the trainer process) makes every advantage step of
 a pivotrl trainer append one JSON line to ``<file>``: the masked sums of the batch's
 ``entropy``, ``old_log_probs`` and ``ref_log_prob`` as verl wrote them to the
-TransferQueue, and the same sums of the tensors each estimator call actually received
-(``scripts/verl_e2e_gpu.sh`` reads it).
+TransferQueue, and the same sums of the tensors each estimator call actually received; and
+save those tensors with the advantages verl stored to ``<file>.step<k>.pt``
+(``scripts/verl_e2e.sh`` reads both).
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -82,6 +87,7 @@ from pivotrl.algorithms import (
     loss_requirements,
 )
 from pivotrl.integrations import ADAPTER_FIELDS, check_adaptable
+from pivotrl.integrations.import_hooks import after_import
 
 __all__ = [
     "ESTIMATOR_KWARGS_KEY",
@@ -107,6 +113,7 @@ PREFIX = "pivotrl_"
 ESTIMATOR_KWARGS_KEY = "pivotrl_kwargs"
 LOSS_KWARGS_ENV = "PIVOTRL_POLICY_LOSS_KWARGS"
 PROBE_ENV = "PIVOTRL_VERL_PROBE"
+RECEIVED_KEY = "_tensors"  # a probe receipt's tensors: saved to a .pt file, not the JSON line
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 TOKEN_KEYS = ("response_mask", "old_log_probs", "ref_log_prob", "entropys")
 
@@ -360,7 +367,19 @@ def make_adv_estimator(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
         )
         receipts = _RECEIPTS.get()
         if receipts is not None:
-            receipts.append(_masked_sums(mask, batch.entropies, batch.ref_logprobs, old))
+            labels = index.tolist() if isinstance(index, Tensor) else index
+            received = {
+                "token_level_rewards": token_level_rewards,
+                "response_mask": mask,
+                "index": [str(label) for label in labels],
+                "old_log_probs": old,
+                "ref_log_prob": batch.ref_logprobs,
+                "entropys": batch.entropies,
+                "hparams": hp,
+            }
+            received = {k: v.cpu() if isinstance(v, Tensor) else v for k, v in received.items()}
+            sums = _masked_sums(mask, batch.entropies, batch.ref_logprobs, old)
+            receipts.append({**sums, RECEIVED_KEY: received})
         adv = compute_advantages(name, batch, **hp).to(token_level_rewards.dtype)
         return adv, adv
 
@@ -550,18 +569,36 @@ class PivotAdvantageMixin:
         finally:
             _RECEIPTS.reset(reset)
         if probe:
-            self._write_probe(probe, tensors, receipts or [])
+            stored = tq.kv_batch_get(
+                keys=out.keys, partition_id=out.partition_id, select_fields=["advantages"]
+            ).to_padded_tensor()["advantages"]
+            self._write_probe(probe, tensors, receipts or [], stored)
         return out
 
-    def _write_probe(self, path: str, tensors: dict[str, Tensor], receipts: list[dict[str, Any]]) -> None:
-        """Append this advantage step's record to the ``PIVOTRL_VERL_PROBE`` file (one JSON line)."""
+    def _write_probe(
+        self, path: str, tensors: dict[str, Tensor], receipts: list[dict], advantages: Tensor
+    ) -> None:
+        """Append this advantage step's record to the ``PIVOTRL_VERL_PROBE`` file (one JSON line),
+        and save the tensors each estimator call received, with the advantages verl stored, to
+        ``<probe>.step<k>.pt`` beside it (``scripts/verl_e2e_summary.py`` recomputes them)."""
         mask = tensors["response_mask"].bool()
+        step = getattr(self, "global_steps", None)
+        saved = Path(f"{path}.step{step}.pt")
+        torch.save(
+            {
+                "received": [receipt.pop(RECEIVED_KEY) for receipt in receipts],
+                "response_mask": mask.cpu(),
+                "advantages": advantages.detach().cpu(),
+            },
+            saved,
+        )
         record = {
-            "step": getattr(self, "global_steps", None),
+            "step": step,
             "estimator": PREFIX + (self._pivotrl_name() or ""),
             "use_reference_policy": bool(getattr(self, "use_reference_policy", False)),
             "batch": _masked_sums(mask, tensors.get("entropys"), tensors.get("ref_log_prob"), tensors.get("old_log_probs")),
             "received": receipts,
+            "tensors": saved.name,
         }
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record) + "\n")
@@ -570,13 +607,10 @@ class PivotAdvantageMixin:
 _TRAINER_CLASSES: dict[str, type] = {}
 
 
-def _register_trainers() -> None:
-    try:
-        from verl.trainer.ppo import v1
-        from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
-    except Exception as exc:  # the v1 trainers need TransferQueue and friends; the registries do not
-        logger.info("pivotrl: verl's v1 trainers are not importable (%s); pivotrl_* trainers not registered", exc)
-        return
+def _register_trainers(v1: Any) -> None:
+    """Register the pivotrl trainers with verl's ``verl.trainer.ppo.v1`` package (``v1``)."""
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+
     bases = {
         "sync": v1.PPOTrainerSync,
         "colocate_async": v1.PPOTrainerColocateAsync,
@@ -596,10 +630,24 @@ def _register_trainers() -> None:
         globals()[cls.__name__] = cls
 
 
-def register() -> None:
-    """Register pivotrl's estimators, losses and trainers in verl's registries (idempotent)."""
-    from verl.trainer.ppo import core_algos
+def _register_cpu_platform() -> None:
+    """verl's ``cpu`` platform (:mod:`pivotrl.integrations.verl_cpu`), used without an accelerator.
 
+    A failure here is logged and leaves the estimators, losses and trainers registered:
+    verl would otherwise drop the whole plugin with a DEBUG message.
+    """
+    try:
+        from pivotrl.integrations import verl_cpu
+
+        verl_cpu.register()
+    except Exception as exc:
+        logger.warning(
+            "pivotrl: verl's CPU platform was not registered (%s: %s)", type(exc).__name__, exc
+        )
+
+
+def _register_algorithms(core_algos: Any) -> None:
+    """Register the estimators and losses in ``verl.trainer.ppo.core_algos`` (``core_algos``)."""
     for name in adaptable_estimators():
         key = PREFIX + name
         if key not in core_algos.ADV_ESTIMATOR_REGISTRY:
@@ -608,8 +656,25 @@ def register() -> None:
         key = PREFIX + name
         if key not in core_algos.POLICY_LOSS_REGISTRY:
             core_algos.register_policy_loss(key)(make_policy_loss(name))
+
+
+def register() -> None:
+    """Register verl's CPU platform now, pivotrl's estimators and losses in verl's registries when
+    ``verl.trainer.ppo.core_algos`` is imported, and its trainers when ``verl.trainer.ppo.v1`` is
+    (now, for either that is imported already). Idempotent.
+
+    The registries are filled by import hooks (:mod:`pivotrl.integrations.import_hooks`), not by
+    importing them here: verl loads this plugin in every one of its processes, and importing
+    ``core_algos`` costs about 3 s, the v1 trainers about 5 s more, in processes that may need
+    neither (the reward, rollout and storage workers). Code that looks a name up in a registry
+    has imported the registry's module, so the names are there when it looks.
+    """
+    _register_cpu_platform()
+    after_import("verl.trainer.ppo.core_algos", _register_algorithms)
     if os.environ.get("PIVOTRL_VERL_TRAINERS", "1") != "0":
-        _register_trainers()
+        # verl's v1 trainers need TransferQueue and friends, the registries above do not: where
+        # verl.trainer.ppo.v1 does not import, its importer sees why
+        after_import("verl.trainer.ppo.v1", _register_trainers)
 
 
 register()

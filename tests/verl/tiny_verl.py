@@ -1,6 +1,6 @@
 """A tiny verl run's inputs, built locally: model folder, countdown parquet files, reward function.
 
-Used by tests/verl/test_deep_path.py (CPU) and scripts/verl_e2e_gpu.sh (GPU):
+Used by scripts/verl_e2e.sh (and tests/verl/test_verl_e2e.py):
 
     python tests/verl/tiny_verl.py OUT_DIR [--train N] [--val N]
 
@@ -16,26 +16,39 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
+import pivotrl
+
 DATA_SOURCE_PREFIX = "pivotrl/"
+
+#: pivotrl.modeling.tiny.tiny_policy_path("tiny"), found without importing transformers
+SHIPPED_POLICY = Path(pivotrl.__file__).resolve().parent / "assets" / "tiny-countdown"
+MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
 
 #: The tiny policy was trained on ``<bos>{prompt}\n`` prompts; this renders a chat as exactly that.
 CHAT_TEMPLATE = "{{ bos_token }}{% for message in messages %}{{ message['content'] }}\n{% endfor %}"
 
 
 def build_model(path: str | Path) -> Path:
-    """Save the shipped tiny policy with a chat-templated tokenizer to ``path``; returns it."""
-    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+    """Copy the shipped tiny policy to ``path`` and give its tokenizer the chat template; returns it.
 
-    from pivotrl.modeling.tiny import tiny_policy_path
-
-    source, path = tiny_policy_path(), Path(path)
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(source)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(path)
-    LlamaForCausalLM.from_pretrained(source).save_pretrained(path)
+    The files are copied as they are (transformers is not imported: this runs before every
+    verl e2e run); the template goes where transformers 5 keeps it, ``chat_template.jinja``.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    for name in MODEL_FILES:
+        shutil.copyfile(SHIPPED_POLICY / name, path / name)
+    (path / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     return path
 
 
