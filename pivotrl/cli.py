@@ -58,13 +58,14 @@ def pretrain(
     imperfect: float | None = typer.Option(None, min=0.0, max=1.0, help="Share of deliberately flawed worked solutions (default: the task's recipe)."),
     evaluate: bool = typer.Option(True, help="Measure held-out accuracy after training."),
     eval_only: bool = typer.Option(False, "--eval-only", help="Only measure --model (default: the policy shipped for --task): held-out accuracy as `pivotrl eval --model M --task T` reports it."),
-    model: str | None = typer.Option(None, help="Checkpoint folder, or tiny / tiny-search / tiny-free, to measure with --eval-only."),
+    model: str | None = typer.Option(None, help="A pretrained model to warm-start (smollm2-135m, a .gguf file, a folder), or with --eval-only the checkpoint folder, or tiny / tiny-search / tiny-free, to measure."),
     eval_n: int = typer.Option(HELDOUT_PROBLEMS, min=1, help="The first N held-out problems to measure on (eval's -n)."),
     temperature: float = typer.Option(1.0, min=0.0, help="Sampling temperature of the measurement (0 = greedy)."),
     eval_seed: int = typer.Option(0, help="Seed of the measurement's sampling (eval's --seed)."),
     max_new_tokens: int | None = typer.Option(None, min=1, help="Longest response of the measurement (default: the task's, as eval: 34, countdown_search 224, countdown_free 160)."),
 ) -> None:
-    """Warm up a tiny policy on worked solutions (the shipped checkpoints' recipes, one per --task).
+    """Warm up a tiny policy on worked solutions (the shipped checkpoints' recipes, one per --task), or
+    with --model a pretrained model (LoRA fine-tune with TRL, merged: e.g. --model smollm2-135m --task add_sub).
 
     The measurement (after training, or --eval-only) is `pivotrl eval`'s held-out accuracy with its
     defaults: the first --eval-n problems of the test split, one sample each, seed 0, 256 at once,
@@ -82,8 +83,20 @@ def pretrain(
     if eval_only and (output_dir is not None or overwrite):
         fail("--eval-only saves nothing: --output-dir and --overwrite do not apply (measure a folder with --model)")
     if model is not None and not eval_only:
-        fail("--model is what --eval-only measures; pretraining always starts from a fresh tiny model "
-             "(add --eval-only to measure --model)")
+        from pivotrl.modeling.tiny import TINY_MODELS
+
+        if model in TINY_MODELS or model == "tiny-random":
+            fail(f"--model {model}: a tiny policy is pretrained from a fresh model (leave --model out), or "
+                 "measured with --eval-only")
+        from pivotrl.warm_start import WarmStartConfig, run_warm_start_command
+
+        recipe_keys = {"seed": seed, "steps": steps, "batch_size": batch_size, "lr": lr, "threads": threads}
+        with user_errors():
+            config = WarmStartConfig(model=model, task=task, **{k: v for k, v in recipe_keys.items() if v is not None})
+            run_warm_start_command(config=config, output_dir=Path(output_dir) if output_dir else None,
+                                   overwrite=overwrite, evaluate=evaluate, eval_n=eval_n, temperature=temperature,
+                                   eval_seed=eval_seed, max_new_tokens=max_new_tokens)
+        return
     with user_errors():
         config = recipe(task, seed=seed, steps=steps, minutes=minutes, batch_size=batch_size, lr=lr,
                         threads=threads, imperfect=imperfect)

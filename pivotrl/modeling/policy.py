@@ -43,7 +43,8 @@ def load_policy(
     arch: dict[str, int] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer with left padding and a pad token) for a shipped tiny policy
-    ('tiny', 'tiny-search', 'tiny-free'), 'tiny-random', a packaged GGUF model ('smollm2-135m'),
+    ('tiny', 'tiny-search', 'tiny-free'), 'tiny-random', a packaged GGUF model ('smollm2-135m') or its
+    warm start ('smollm2-135m-add_sub', made by pivotrl pretrain: modeling/warm_names.py),
     a .gguf file (both converted once into a cached folder: modeling/gguf.py) or a path/hub id."""
     from pivotrl.modeling.tiny import TINY_MODELS
 
@@ -61,8 +62,9 @@ def load_policy(
         model = build_tiny_model(tokenizer, seed=seed, **(arch or {}))
     else:
         from pivotrl.modeling.gguf import resolve_gguf
+        from pivotrl.modeling.warm_names import resolve_warm_start
 
-        name_or_path = model_in_folder(resolve_gguf(name_or_path))
+        name_or_path = model_in_folder(resolve_gguf(resolve_warm_start(name_or_path)))
         options = model_source(name_or_path)
         tokenizer = load_tokenizer(name_or_path, **options)
         try:

@@ -252,11 +252,13 @@ class Task:
                 f"tokenizer {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__!s} "
                 "has no chat template; use chat=False (plain prompts)"
             )
-        messages = []
-        if self.system_prompt:
-            messages.append({"role": "system", "content": self.system_prompt})
-        messages.append({"role": "user", "content": self.user_template.format(**fields)})
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(self.messages(problem), tokenize=False, add_generation_prompt=True)
+
+    def messages(self, problem: Problem) -> list[dict[str, str]]:
+        """The chat form of ``problem``: ``system_prompt`` (if set), then the user message."""
+        fields = {"prompt": problem.prompt, "instruction": self.instruction}
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return [*system, {"role": "user", "content": self.user_template.format(**fields)}]
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

@@ -1,0 +1,65 @@
+"""pivotrl pretrain --model: a pretrained model's warm start (TRL's SFTTrainer, LoRA merged), on the
+shipped tiny policy given a chat template (the real SmolLM2 recipe is docs/EXPERIMENTS.md's)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from cli_helpers import assert_user_error, pivotrl
+
+from pivotrl.modeling.policy import load_policy
+
+pytest.importorskip("trl", reason="the warm start uses TRL's SFTTrainer (bash scripts/setup.sh dev,trl)")
+pytest.importorskip("peft", reason="the warm start's LoRA needs peft (bash scripts/setup.sh dev,trl)")
+
+from pivotrl.warm_start import RECIPE_FILE, WarmStartConfig, warm_start  # noqa: E402
+
+#: the tiny policy was trained on ``<bos>{prompt}\n``; any chat template will do for the plumbing
+CHAT = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+
+
+@pytest.fixture(scope="module")
+def chat_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped tiny policy saved with a chat template, as a folder any command takes as --model."""
+    folder = tmp_path_factory.mktemp("tiny-chat")
+    model, tokenizer = load_policy("tiny", device="cpu")
+    tokenizer.chat_template = CHAT
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return dict(load_policy(str(folder), device="cpu")[0].state_dict())
+
+
+@pytest.mark.slow
+def test_the_warm_start_trains_the_linear_layers_only_and_is_reproducible(chat_tiny: Path, tmp_path: Path) -> None:
+    config = WarmStartConfig(model=str(chat_tiny), task="add_sub", steps=3, batch_size=4, lr=1e-2)
+    lines: list[str] = []
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        record = warm_start(config, tmp_path / run, log=lines.append)
+    assert record["examples"] == 12 and record["recipe"]["lora_rank"] == 16
+    assert json.loads((tmp_path / "a" / RECIPE_FILE).read_text())["recipe"]["task"] == "add_sub"
+    base, a, b = weights(chat_tiny), weights(tmp_path / "a"), weights(tmp_path / "b")
+    changed = {name for name in base if not torch.equal(base[name], a[name])}
+    assert any("q_proj" in name for name in changed) and any("down_proj" in name for name in changed)
+    assert not any("embed_tokens" in name or "norm" in name for name in changed), sorted(changed)  # LoRA: linears
+    assert all(torch.equal(a[name], b[name]) for name in a)  # the recipe and seed fix the weights
+    assert not list(tmp_path.glob(".*"))  # no work folders left beside the result
+
+
+def test_pretrain_refuses_a_tiny_policy_as_the_model_to_warm_start(tmp_path: Path) -> None:
+    done = pivotrl("pretrain", "--model", "tiny", "--task", "add_sub", "--output-dir", str(tmp_path / "out"))
+    assert_user_error(done, "--model tiny", "--eval-only")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_warm_start_not_made_yet_names_the_command_that_makes_it(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PIVOTRL_CACHE", str(tmp_path / "cache"))
+    done = pivotrl("eval", "--model", "smollm2-135m-add_sub", "--task", "add_sub", "-n", "4")
+    assert_user_error(done, "pivotrl pretrain --model smollm2-135m --task add_sub")
