@@ -15,6 +15,7 @@ from pivotrl.evaluation import (  # torch-free: read before any option is checke
 )
 from pivotrl.tasks.loaders import MAX_ROW_CHARS
 
+DTYPE_HELP = "The weights' dtype: float32, bfloat16 or float16 (bfloat16 is fast only on a CPU with AVX512-BF16 or AMX)"
 ENGINE_HELP = "Rollout engine: hf (transformers), or vllm (vLLM on the CPU or one GPU; docs/INTEGRATIONS.md)"
 
 app = typer.Typer(cls=OneLineErrors, no_args_is_help=True, add_completion=False, help=__doc__)
@@ -171,6 +172,7 @@ def eval_command(
     chat: Annotated[bool, typer.Option(help="Use the tokenizer's chat template")] = False,
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N")] = "auto",
+    dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "float32",
     engine: Annotated[str, typer.Option(help=ENGINE_HELP)] = "hf",
     threads: Annotated[int, typer.Option(min=1, help="torch threads (CPU); 1 is fastest on a shared machine (docs/PERFORMANCE.md)")] = 1,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write every sample to this jsonl file, and a log of the phases beside it (SAMPLES.log.txt); default: no files")] = None,
@@ -221,7 +223,7 @@ def eval_command(
                 from pivotrl.modeling.policy import load_policy
                 from pivotrl.rollout import make_engine
 
-                policy, tokenizer = load_policy(model, device=device)
+                policy, tokenizer = load_policy(model, device=device, dtype=dtype)
                 options = {"seed": seed} if engine == "vllm" else {}
                 rollout_engine = make_engine(engine, policy, tokenizer, **options)
             if log_path is not None:
@@ -315,6 +317,8 @@ def analyze(
     max_new_tokens: Annotated[int | None, typer.Option(min=1, help="Longest response (default: the task's)")] = None,
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
     engine: Annotated[str, typer.Option(help=ENGINE_HELP)] = "hf",
+    dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "float32",
+    chat: Annotated[bool, typer.Option(help="Use the tokenizer's chat template (instruct models)")] = False,
     threads: Annotated[int, typer.Option(min=1, help="torch threads (CPU); 1 is fastest on a shared machine (docs/PERFORMANCE.md)")] = 1,
     output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Where entropy.png, tokens.html, pivots.json and log.txt go")] = Path("runs/analyze"),
 ) -> None:
@@ -337,10 +341,11 @@ def analyze(
     with user_errors():
         estimator_requirements(estimator)  # an unknown name fails here, not after sampling
         the_task = get_task(task)
-        with _side_run("analyze", ctx, output_dir, the_task, num_problems, model, ref, engine) as (
+        with _side_run("analyze", ctx, output_dir, the_task, num_problems, model, ref, engine, dtype) as (
                 phases, problems, policy, tokenizer, ref_model, rollout_engine):
             result = analyze_policy(policy, tokenizer, rollout_engine, the_task, problems,
-                                    [the_task.format_prompt(p) for p in problems], output_dir, estimator=estimator,
+                                    [the_task.format_prompt(p, tokenizer, chat=chat) for p in problems], output_dir,
+                                    estimator=estimator,
                                     group_size=group_size, max_new_tokens=max_new_tokens or the_task.max_new_tokens,
                                     top_percent=top_percent, num_perturbations=perturbations, seed=seed,
                                     ref_model=ref_model, phases=phases)
@@ -350,7 +355,7 @@ def analyze(
 
 @contextmanager
 def _side_run(command: str, ctx: typer.Context, output_dir: Path, task, num_problems: int, model: str,
-              ref: str | None, engine: str):
+              ref: str | None, engine: str, dtype: str):
     """analyze's and credit's set-up: the output folder checked and locked, the phases shown and logged to
     OUTPUT_DIR/log.txt; then, each a phase, the first held-out problems, the policy, its reference (a frozen
     copy of `ref`, or None) and a rollout engine around the policy. Yields (phases, and those five)."""
@@ -367,8 +372,8 @@ def _side_run(command: str, ctx: typer.Context, output_dir: Path, task, num_prob
         with phases.phase(f"build the first {num_problems} held-out problems"):
             problems = task.problems("test", limit=num_problems)
         with phases.phase(f"load {model}" + (f" and the reference {ref}" if ref else "")):
-            policy, tokenizer = load_policy(model)
-            ref_model = frozen_copy(load_policy(ref)[0]) if ref else None
+            policy, tokenizer = load_policy(model, dtype=dtype)
+            ref_model = frozen_copy(load_policy(ref, dtype=dtype)[0]) if ref else None
             rollout_engine = make_engine(engine, policy, tokenizer)
         yield phases, problems, policy, tokenizer, ref_model, rollout_engine
 
@@ -392,6 +397,8 @@ def credit(
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
     threads: Annotated[int, typer.Option(min=1, help="torch threads (CPU); 1 is fastest on a shared machine (docs/PERFORMANCE.md)")] = 1,
     engine: Annotated[str, typer.Option(help=ENGINE_HELP)] = "hf",
+    dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "float32",
+    chat: Annotated[bool, typer.Option(help="Use the tokenizer's chat template (instruct models)")] = False,
     pivots: Annotated[int, typer.Option(min=1, help="pivot_mc: pivots per response")] = 2,
     branches: Annotated[int, typer.Option(min=1, help="pivot_mc: branches sampled at each pivot (independent of -k)")] = 4,
     output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Where credit.json, report.md, plots, tokens.html and log.txt go")] = Path("runs/credit"),
@@ -414,10 +421,11 @@ def credit(
         check_options(group_size=group_size, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
                       positions_per_decile=positions, ablations=ablations, batch_rows=batch_size,
                       bootstrap=bootstrap, html_estimators=shown)
-        with _side_run("credit", ctx, output_dir, the_task, num_problems, model, ref, engine) as (
+        with _side_run("credit", ctx, output_dir, the_task, num_problems, model, ref, engine, dtype) as (
                 phases, problems, policy, tokenizer, ref_model, rollout_engine):
             result = run_credit(policy, tokenizer, rollout_engine, the_task, problems,
-                                [the_task.format_prompt(p) for p in problems], output_dir, model_name=model,
+                                [the_task.format_prompt(p, tokenizer, chat=chat) for p in problems], output_dir,
+                                model_name=model,
                                 task_name=task, ref_model=ref_model, ref_name=ref, group_size=group_size, k=k,
                                 max_new_tokens=max_new_tokens, temperature=temperature, positions_per_decile=positions,
                                 ablations=ablations, seed=seed, batch_rows=batch_size, bootstrap=bootstrap,
