@@ -86,6 +86,7 @@ def warm_start(config: WarmStartConfig, output_dir: Path, log: Callable[[str], N
         max_steps=config.steps, learning_rate=config.lr, lr_scheduler_type="cosine", warmup_steps=config.warmup_steps,
         logging_steps=10, save_strategy="no", report_to=[], use_cpu=True, seed=config.seed, data_seed=config.seed,
         dataloader_num_workers=0, disable_tqdm=True, gradient_checkpointing=False,
+        bf16=False,  # TRL's default is bf16 autocast: emulated, about 10x slower, on a CPU without AVX512-BF16
     )
     adapter = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear",
                          lora_dropout=0.0, task_type="CAUSAL_LM")

@@ -1,0 +1,69 @@
+"""Held-out accuracy differences paired by problem, from run folders' evaluation samples.
+
+    python scripts/heldout_paired.py RUN [RUN_B ...] [--json FILE]
+
+For each run: after − before, where "before" is its first evaluation (eval/step-000000_samples.jsonl)
+and "after" its last, paired by problem (each problem's mean reward over its samples), with the 95%
+t-interval over problems. With several runs, also each run's final accuracy minus the first run's,
+paired by problem: the runs of one recipe evaluate the same problems with the same sampling seed
+(the trainer's EVAL_SEED), so the problem-to-problem spread cancels. The interval covers the
+evaluation's sampling, not the training's seed-to-seed spread: one run per method says nothing
+about the latter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from pivotrl.analysis.paired import paired_difference
+
+
+def per_problem(samples: Path) -> dict[int, float]:
+    """Each problem's mean reward over its samples in one evaluation's samples file."""
+    rewards: dict[int, list[float]] = defaultdict(list)
+    for line in samples.read_text().splitlines():
+        record = json.loads(line)
+        rewards[record["problem"]].append(float(record["reward"]))
+    return {problem: sum(r) / len(r) for problem, r in rewards.items()}
+
+
+def evaluations(run: Path) -> list[Path]:
+    """The run's evaluation samples files, in step order."""
+    found = sorted((run / "eval").glob("step-*_samples.jsonl"))
+    if len(found) < 2:
+        raise SystemExit(f"{run}: needs a first and a last evaluation in eval/ (found {len(found)})")
+    return found
+
+
+def line(label: str, d) -> dict:
+    print(f"{label}: {d.mean:+.4f} [{d.low:+.4f}, {d.high:+.4f}] over {d.seeds} problems (p = {d.p_value:.2g})")
+    return {"label": label, "mean": d.mean, "low": d.low, "high": d.high, "problems": d.seeds, "p": d.p_value}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = parser.parse_args()
+    out = []
+    finals = {}
+    for run in args.runs:
+        first, last = evaluations(run)[0], evaluations(run)[-1]
+        before, after = per_problem(first), per_problem(last)
+        finals[run] = after
+        print(f"{run}: accuracy {sum(before.values()) / len(before):.3f} -> {sum(after.values()) / len(after):.3f} "
+              f"({first.name} -> {last.name})")
+        out.append(line(f"{run.name} after - before", paired_difference(after, before)))
+    base = args.runs[0]
+    for run in args.runs[1:]:
+        out.append(line(f"{run.name} - {base.name}, final", paired_difference(finals[run], finals[base])))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
