@@ -75,7 +75,7 @@ def check_config(config: RunConfig) -> list[str]:
     if (config.model.dtype != "float32" and resolve_device(config.model.device).type == "cpu"
             and not cpu_has_fast_bf16()):
         warnings.append(f"model.dtype={config.model.dtype} on a CPU without AVX512-BF16 or AMX: its matmuls are "
-                        "emulated, several times slower than float32 here (docs/PERFORMANCE.md); "
+                        "emulated, about 15x slower than float32 on an AVX2-only CPU (docs/PERFORMANCE.md); "
                         "model.dtype=float32 is faster on this machine")
     if config.model.arch and config.model.name_or_path != "tiny-random":
         warnings.append(f"model.arch is ignored: it shapes a fresh model (model.name_or_path=tiny-random), and "
