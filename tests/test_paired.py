@@ -33,3 +33,31 @@ def test_detectable_difference_shrinks_with_seeds_and_grows_with_tests() -> None
     # (t_{0.975, 7} + t_{0.8, 7}) sd / sqrt(8) = (2.3646 + 0.8960) * 0.02 / 2.8284 = 0.02306
     assert detectable_difference(0.02, 8) == pytest.approx(0.02306, abs=1e-4)
     assert detectable_difference(0.02, 12) < detectable_difference(0.02, 8) < detectable_difference(0.02, 8, tests=3)
+
+
+def test_heldout_paired_script_pairs_sample_files_by_problem(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from scipy import stats
+
+    before = [1, 0, 0, 1, 0, 1, 0, 0]
+    after = [[1, 1], [1, 0], [0, 0], [1, 1], [1, 1], [1, 0], [0, 1], [0, 0]]  # two samples each
+    files = [tmp_path / "before.jsonl", tmp_path / "after.jsonl"]
+    files[0].write_text("".join(json.dumps({"problem": i, "sample": 0, "reward": r}) + "\n" for i, r in enumerate(before)))
+    files[1].write_text("".join(json.dumps({"problem": i, "sample": s, "reward": r}) + "\n"
+                                for i, rs in enumerate(after) for s, r in enumerate(rs)))
+    script = Path(__file__).parents[1] / "scripts" / "heldout_paired.py"
+    out = tmp_path / "out.json"
+    subprocess.run([sys.executable, str(script), "--samples", *map(str, files), "--json", str(out)], check=True,
+                   capture_output=True)
+    (got,) = json.loads(out.read_text())
+    means = [sum(rs) / len(rs) for rs in after]
+    expected = stats.ttest_rel(means, before)
+    interval = expected.confidence_interval(0.95)
+    assert got["problems"] == 8
+    assert got["mean"] == pytest.approx(sum(means) / 8 - sum(before) / 8)
+    assert (got["low"], got["high"]) == pytest.approx((interval.low, interval.high))
+    assert got["p"] == pytest.approx(expected.pvalue)
