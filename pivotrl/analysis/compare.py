@@ -172,7 +172,9 @@ def _train_all(pending: list[tuple[str, Any, str | None]], jobs: int, console: C
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    # a fresh process per run: a finished run's worker held its memory (8 GB for a 135M model) until the last run ended
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                             max_tasks_per_child=1) as pool:
         futures = []
         for message, cfg, mode in pending:
             console.print(message)
