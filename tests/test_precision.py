@@ -36,7 +36,9 @@ def test_bf16_training_keeps_float32_weights_that_move_and_logs_the_sampler_chec
                                              "train.lr=1e-5", "rollout.prompts_per_step=8", "rollout.max_new_tokens=34"])
     trainer = Trainer(cfg)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    trainer.run()
+    with trainer.console.capture() as header:
+        trainer.run()
+    assert "float32 on cpu, bfloat16 compute" in header.get()
     assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
     moved = sum(int((p.detach() != before[n]).sum()) for n, p in trainer.model.named_parameters())
     # a step of lr 1e-5 moves about every float32 weight; in bfloat16 weights most would round back

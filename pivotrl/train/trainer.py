@@ -348,6 +348,11 @@ class Trainer:
                                        f"({ckpt.first_line(err)})") from None
 
     # -- the loop -------------------------------------------------------------
+    def _compute_note(self) -> str:
+        """', bfloat16 compute' where the forwards run in another dtype than the float32 master weights."""
+        weights = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        return "" if self.config.model.dtype == weights else f", {self.config.model.dtype} compute"
+
     def run(self) -> dict[str, Any]:
         """Train to train.max_steps (evaluating and checkpointing on the way); returns the summary.
 
@@ -357,7 +362,8 @@ class Trainer:
         """
         cfg = self.config
         self.console.print(f"[bold]pivotrl train[/] {cfg.algorithm.estimator} + {cfg.algorithm.policy_loss} on "
-                           f"{cfg.task.name}: {describe(self.model)}; output {self.out}", soft_wrap=True)
+                           f"{cfg.task.name}: {describe(self.model)}{self._compute_note()}; output {self.out}",
+                           soft_wrap=True)
         started = time.perf_counter()
         elapsed_before = self.elapsed
         progress = TrainProgress(self.console, enabled=cfg.log.progress, print_every=cfg.log.print_every,
