@@ -58,6 +58,9 @@ def main() -> None:
     args = parser.parse_args()
     if bool(args.runs) == bool(args.samples):
         parser.error("give run folders or --samples FILE FILE ..., not both")
+    missing = [str(path) for path in args.runs + (args.samples or []) if not path.exists()]
+    if missing:
+        parser.error(f"not found: {', '.join(missing)}")
     out = compare_files(args.samples) if args.samples else compare_runs(args.runs)
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
