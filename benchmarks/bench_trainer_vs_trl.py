@@ -12,7 +12,7 @@ Both trainers get the same model (read once or built and saved to a temporary fo
 each), the same training problems and prompt text, P prompts x G samples per step,
 temperature-1 sampling of up to --max-new-tokens tokens, the task's verifier as the reward, one
 forward + backward over all P*G responses, grad-norm clipping at 1.0 and one AdamW step (lr
-1e-4, betas (0.9, 0.99), no weight decay, constant schedule), float32 on the CPU with the same
+--lr, 1e-4 unless given, betas (0.9, 0.99), no weight decay, constant schedule), float32 on the CPU with the same
 torch thread count.
 
 --model: auto (the shipped tiny-countdown checkpoint if present, else tiny-random), tiny,
@@ -296,7 +296,7 @@ def make_pivotrl(estimator: str, model_dir: str, out: Path, args: argparse.Names
         f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.temperature=1.0", "rollout.top_p=1.0",
         f"algorithm.estimator={estimator}", "algorithm.policy_loss=ppo",
         "algorithm.loss_kwargs={eps_low: 0.2, eps_high: 0.28}",
-        "train.lr=1e-4", "train.warmup_steps=0", "train.min_lr_ratio=1.0", "train.weight_decay=0.0",
+        f"train.lr={args.lr}", "train.warmup_steps=0", "train.min_lr_ratio=1.0", "train.weight_decay=0.0",
         "train.adam_betas=[0.9, 0.99]", "train.max_grad_norm=1.0", "train.ppo_epochs=1", "train.num_minibatches=1",
         f"train.num_threads={args.threads}", "train.seed=0", "train.max_steps=1000",
         "eval.before_after=false", "eval.every=0", "checkpoint.every=0", "log.progress=false",
@@ -336,7 +336,7 @@ def make_trl(model_dir: str, out: Path, args: argparse.Namespace, problems: list
         num_generations=args.group_size, num_iterations=1, max_completion_length=args.max_new_tokens,
         temperature=1.0, top_p=1.0, top_k=0, beta=0.0, loss_type="dapo", scale_rewards="group",
         epsilon=0.2, epsilon_high=0.28, use_vllm=False,
-        learning_rate=1e-4, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         adam_beta1=0.9, adam_beta2=0.99, optim="adamw_torch", max_grad_norm=1.0,
         max_steps=steps, seed=0, report_to=[], logging_strategy="no", save_strategy="no",
         eval_strategy="no", disable_tqdm=True, log_completions=False, dataloader_num_workers=0,
@@ -358,7 +358,7 @@ def run_isolated(args: argparse.Namespace) -> None:
 
     common = [sys.executable, __file__, "--prompts", str(args.prompts), "--group-size", str(args.group_size),
               "--max-new-tokens", str(args.max_new_tokens), "--steps", str(args.steps), "--warmup", str(args.warmup),
-              "--threads", str(args.threads), "--model", args.model, "--task", args.task,
+              "--threads", str(args.threads), "--lr", str(args.lr), "--model", args.model, "--task", args.task,
               *(["--chat"] if args.chat else [])]
     cpu: dict[str, list[float]] = defaultdict(list)
     wall: dict[str, list[float]] = defaultdict(list)
@@ -394,6 +394,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per system")
     parser.add_argument("--warmup", type=int, default=1, help="untimed warm-up steps per system")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, both systems")
+    parser.add_argument("--lr", type=float, default=1e-4,
+                        help="AdamW's learning rate, both systems (a pretrained model needs its recipe's: "
+                             "at 1e-4 SmolLM2's answers break within steps, and the lengths with them)")
     parser.add_argument("--model", default="auto",
                         help="auto: the shipped checkpoint if present, else tiny-random with the shipped "
                              "architecture; tiny, tiny-search, tiny-free, tiny-random, or anything "
@@ -532,7 +535,7 @@ def main() -> None:
         print(f"model: {model_desc}, {n_params / 1e6:.1f} M parameters")
         print(f"{args.prompts} prompts x {args.group_size} samples = {args.prompts * args.group_size} responses/step, "
               f"max_new_tokens {args.max_new_tokens}, temperature 1, {task_desc}, "
-              f"{'chat-template' if args.chat else 'plain'} prompts, float32 CPU, "
+              f"{'chat-template' if args.chat else 'plain'} prompts, lr {args.lr:g}, float32 CPU, "
               f"{args.threads} torch thread(s) each; {args.warmup} warm-up + {args.steps} timed steps per system, "
               f"interleaved round by round")
         pivot_tokenizer = next(iter(pivot.values())).tokenizer if pivot else tokenizer
