@@ -79,7 +79,7 @@ def test_dynamic_sampling_and_overlong_shaping(tmp_path: Path) -> None:
     records = read_metrics(tmp_path)
     # a random model never solves countdown: every group is all-zero, dynamic sampling drops it
     assert all(r["rollout/rounds"] == 2 for r in records)
-    assert all(r.get("skipped") for r in records)
+    assert all(r.get("skipped") and r["rollout/sampled_accuracy"] == 0.0 for r in records)
 
 
 def test_minibatches_that_do_not_divide_the_rows_train_every_row_once(tmp_path: Path) -> None:
@@ -92,6 +92,10 @@ def test_minibatches_that_do_not_divide_the_rows_train_every_row_once(tmp_path: 
     assert records, "dynamic sampling kept no group in 3 steps"
     for r in records:
         assert r["train/rows_per_epoch"] == r["rollout/rows"]
+        # the kept groups' solved responses are among all sampled responses' solved ones, and all-solved groups
+        # were dropped, so the sampled accuracy counts at least as many solved responses
+        solved_kept, sampled = r["accuracy"] * r["rollout/rows"], r["rollout/sampled_groups"] * cfg.rollout.group_size
+        assert solved_kept - 1e-6 <= r["rollout/sampled_accuracy"] * sampled <= sampled - (r["rollout/rows"] - solved_kept)
         assert r["train/updates"] == 2 * min(3, r["rollout/rows"])
     assert any(r["rollout/rows"] % 3 for r in records)
 

@@ -48,6 +48,7 @@ def collect(engine: RolloutEngine, verifier: Callable, next_problems: Callable[[
     """The step's scored rollout: `config.prompts_per_step` prompts x `config.group_size` responses."""
     r = config
     parts, score_parts, row_problems, kept_groups, sampled_groups, rounds, generated = [], [], [], 0, 0, 0, 0
+    solved = 0
     while True:
         need = r.prompts_per_step - kept_groups if r.dynamic_sampling else r.prompts_per_step
         problems = next_problems(need)
@@ -57,6 +58,7 @@ def collect(engine: RolloutEngine, verifier: Callable, next_problems: Callable[[
         scores = score_texts(verifier, rollout.texts, [p.answer for p in rows_of])
         sampled_groups += len(problems)
         generated += int(rollout.response_mask.sum())
+        solved += int((scores >= 1.0).sum())
         if r.dynamic_sampling:
             rows = mixed_groups(scores, r.group_size)
             rollout, scores = select_rows(rollout, rows), scores[rows]
@@ -71,6 +73,8 @@ def collect(engine: RolloutEngine, verifier: Callable, next_problems: Callable[[
             break
     metrics = {"rollout/sampled_groups": float(sampled_groups), "rollout/rounds": float(rounds),
                "rollout/tokens_generated": float(generated)}
+    if r.dynamic_sampling:  # `accuracy` covers the kept groups only; this is every sampled response's
+        metrics["rollout/sampled_accuracy"] = solved / (sampled_groups * r.group_size)
     if not parts:
         return Collected(None, metrics=metrics)
     rollout = concat_rollouts(parts, engine.tokenizer.pad_token_id)
