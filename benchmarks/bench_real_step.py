@@ -4,7 +4,8 @@
         [--steps 3] [--prompts 2] [--group-size 4] [--engine vllm] [-o runs/bench_real_step]
 
 For each dtype, `pivotrl train -c CONFIG` (the recipe: SmolLM2-135M warm start, chat prompts,
-add_sub) runs `--steps` steps with `model.dtype` set, no evaluation and no checkpoints, each in its
+add_sub) runs `--steps` steps with `model.dtype` set, without dynamic sampling (one batch of a
+fixed size a step), no evaluation and no checkpoints, each in its
 own process (so each builds its own engine), one after the other. The first step warms up (vLLM's
 first sampling, allocator growth) and is left out; the script prints the median over the
 remaining steps of each phase the trainer logs (`time/rollout_s`: sampling and rewards;
@@ -34,6 +35,7 @@ def run_trainer(args: argparse.Namespace, dtype: str, out: Path) -> list[dict]:
         str(Path(sys.executable).parent / "pivotrl"), "train", "-c", args.config, "-o", str(out), "--overwrite",
         f"model.dtype={dtype}", f"rollout.engine={args.engine}",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group_size}",
+        "rollout.dynamic_sampling=false",  # a fixed batch: refill rounds would depend on the policy's accuracy
         f"train.max_steps={args.steps}", "eval.before_after=false", "eval.every=0", "checkpoint.every=0",
     ]
     print(" ".join(command), flush=True)
