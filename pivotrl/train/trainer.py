@@ -57,8 +57,10 @@ from pivotrl.train.sampler_check import SamplerCheck, logprob_diff, sampler_boun
 from pivotrl.train.schedule import ProblemStream, lr_factor
 from pivotrl.train.update import update_policy
 
-#: The held-out evaluation's sampling seed: the same for every run, whatever train.seed, so that
-#: the seeds of a comparison start from one "before" accuracy (and end on the same draws).
+#: The held-out evaluation's sampling seed (hf engine): the same for every run, whatever train.seed, so
+#: that the seeds of a comparison start from one "before" accuracy (and end on the same draws). The
+#: vllm engine ignores it and draws from vLLM's generator, seeded with train.seed: there the runs of
+#: one seed share their "before" draws, and their later draws depend on all the sampling before them.
 EVAL_SEED = 10_000
 
 
