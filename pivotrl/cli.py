@@ -13,9 +13,12 @@ from pivotrl.evaluation import (  # torch-free: read before any option is checke
     HELDOUT_BATCH,
     HELDOUT_PROBLEMS,
 )
+from pivotrl.modeling.prompt_form import prompt_form
 from pivotrl.tasks.loaders import MAX_ROW_CHARS
 
 DTYPE_HELP = "The weights' dtype: float32, bfloat16 or float16 (bfloat16 is fast only on a CPU with AVX512-BF16 or AMX)"
+CHAT_HELP = ("Prompts through the tokenizer's chat template (--chat) or plain (--no-chat); default: the form the model "
+             "was trained in, where pivotrl recorded it (a warm start, a run's checkpoint), else plain")
 ENGINE_HELP = "Rollout engine: hf (transformers), or vllm (vLLM on the CPU or one GPU; docs/INTEGRATIONS.md)"
 
 app = typer.Typer(cls=OneLineErrors, no_args_is_help=True, add_completion=False, help=__doc__)
@@ -89,11 +92,11 @@ def pretrain(
         if model in TINY_MODELS or model == "tiny-random":
             fail(f"--model {model}: a tiny policy is pretrained from a fresh model (leave --model out), or "
                  "measured with --eval-only")
-        from pivotrl.warm_start import WarmStartConfig, run_warm_start_command
+        from pivotrl.warm_start import run_warm_start_command, warm_start_recipe
 
-        recipe_keys = {"seed": seed, "steps": steps, "batch_size": batch_size, "lr": lr, "threads": threads}
         with user_errors():
-            config = WarmStartConfig(model=model, task=task, **{k: v for k, v in recipe_keys.items() if v is not None})
+            config = warm_start_recipe(model, task, seed=seed, steps=steps, batch_size=batch_size, lr=lr,
+                                       threads=threads)
             run_warm_start_command(config=config, output_dir=Path(output_dir) if output_dir else None,
                                    overwrite=overwrite, evaluate=evaluate, eval_n=eval_n, temperature=temperature,
                                    eval_seed=eval_seed, max_new_tokens=max_new_tokens)
@@ -166,10 +169,10 @@ def eval_command(
     num_problems: Annotated[int, typer.Option("--num-problems", "-n", min=1, help="First N held-out problems (only those are built)")] = HELDOUT_PROBLEMS,
     k: Annotated[int, typer.Option("-k", min=1, help="Samples per problem")] = 1,
     temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature (0: greedy)")] = 1.0,
-    max_new_tokens: Annotated[int | None, typer.Option(min=1, help="Longest response (default: the task's: 34, countdown_search 224)")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(min=1, help="Longest response (default: the task's for the model's tokenizer: Task.response_limit)")] = None,
     batch_size: Annotated[int, typer.Option(min=1, help="Responses generated at once (it decides which random draws each gets)")] = HELDOUT_BATCH,
     max_chars: Annotated[int, typer.Option(min=1, help="Skip (and count) rows of --data longer than this many characters")] = MAX_ROW_CHARS,
-    chat: Annotated[bool, typer.Option(help="Use the tokenizer's chat template")] = False,
+    chat: Annotated[bool | None, typer.Option("--chat/--no-chat", help=CHAT_HELP)] = None,
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N")] = "auto",
     dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "float32",
@@ -214,7 +217,6 @@ def eval_command(
         the_task = get_task(task) if task is not None else get_task(
             "file", path=str(data), question_field=question_field, answer_field=answer_field, verifier=verifier,
             max_chars=max_chars)
-        length = max_new_tokens or the_task.max_new_tokens
         with Phases("eval", progress_console(), settings=ctx.params) as phases:
             with phases.phase(f"build the first {num_problems} held-out problems"):
                 problems = the_task.problems("test", limit=num_problems)
@@ -228,16 +230,19 @@ def eval_command(
                 rollout_engine = make_engine(engine, policy, tokenizer, **options)
             if log_path is not None:
                 phases.log_to(log_path)  # from here on there is work to log (a refusal above leaves no file)
+            chat = prompt_form(model, chat)
+            length = max_new_tokens or the_task.response_limit(tokenizer)
             prompts = [the_task.format_prompt(p, tokenizer, chat=chat) for p in problems]
             with phases.phase("evaluating", unit="problems") as update:
                 result = evaluate_policy(rollout_engine, the_task, problems, prompts=prompts, samples_per_problem=k,
                                          temperature=temperature, max_new_tokens=length, batch_size=batch_size,
                                          seed=seed, samples_path=samples_path, progress=update)
+            result["chat"], result["max_new_tokens"] = chat, length
             result["skipped_rows"] = problems.skipped
             if samples_path is not None:
                 result["samples_file"] = str(samples_path)
             phases.done(f"accuracy {result['accuracy']:.4f} on {result['num_problems']} problems x {k}, "
-                        f"at most {length} tokens" + (f"; samples in {samples_path}" if samples_path else ""))
+                        f"at most {length} tokens, {'chat' if chat else 'plain'} prompts" + (f"; samples in {samples_path}" if samples_path else ""))
     typer.echo(json.dumps(result, indent=2))
 
 
@@ -314,11 +319,11 @@ def analyze(
     group_size: Annotated[int, typer.Option(min=1, help="Samples per problem")] = 8,
     top_percent: Annotated[float, typer.Option(help="k: perturb the top-k% and bottom-k% entropy tokens (0 < k < 50)")] = 10.0,
     perturbations: Annotated[int, typer.Option(min=1, help="Perturbed positions per side")] = 200,
-    max_new_tokens: Annotated[int | None, typer.Option(min=1, help="Longest response (default: the task's)")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(min=1, help="Longest response (default: the task's for the model's tokenizer: Task.response_limit)")] = None,
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
     engine: Annotated[str, typer.Option(help=ENGINE_HELP)] = "hf",
     dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "float32",
-    chat: Annotated[bool, typer.Option(help="Use the tokenizer's chat template (instruct models)")] = False,
+    chat: Annotated[bool | None, typer.Option("--chat/--no-chat", help=CHAT_HELP)] = None,
     threads: Annotated[int, typer.Option(min=1, help="torch threads (CPU); 1 is fastest on a shared machine (docs/PERFORMANCE.md)")] = 1,
     output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Where entropy.png, tokens.html, pivots.json and log.txt go")] = Path("runs/analyze"),
 ) -> None:
@@ -344,9 +349,11 @@ def analyze(
         with _side_run("analyze", ctx, output_dir, the_task, num_problems, model, ref, engine, dtype) as (
                 phases, problems, policy, tokenizer, ref_model, rollout_engine):
             result = analyze_policy(policy, tokenizer, rollout_engine, the_task, problems,
-                                    [the_task.format_prompt(p, tokenizer, chat=chat) for p in problems], output_dir,
+                                    [the_task.format_prompt(p, tokenizer, chat=prompt_form(model, chat))
+                                     for p in problems], output_dir,
                                     estimator=estimator,
-                                    group_size=group_size, max_new_tokens=max_new_tokens or the_task.max_new_tokens,
+                                    group_size=group_size,
+                                    max_new_tokens=max_new_tokens or the_task.response_limit(tokenizer),
                                     top_percent=top_percent, num_perturbations=perturbations, seed=seed,
                                     ref_model=ref_model, phases=phases)
             phases.done(f"pivots.json, entropy.png, tokens.html in {output_dir}")
@@ -390,7 +397,7 @@ def credit(
     positions: Annotated[int | None, typer.Option(min=1, help="Estimate A* at up to this many positions per entropy decile (default: every position)")] = None,
     ablations: Annotated[bool, typer.Option("--ablations", help="Also score ERPO's ablations")] = False,
     temperature: Annotated[float, typer.Option(help="Sampling temperature (the training temperature)")] = 1.0,
-    max_new_tokens: Annotated[int | None, typer.Option(min=1, help="Longest response (default: the task's)")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(min=1, help="Longest response (default: the task's for the model's tokenizer: Task.response_limit)")] = None,
     batch_size: Annotated[int, typer.Option(min=1, help="Continuation rows per generate call")] = 4096,
     bootstrap: Annotated[int, typer.Option(min=1, help="Bootstrap resamples for the 95% intervals")] = 1000,
     html_estimators: Annotated[str, typer.Option(help="Comma-separated estimators shown in tokens.html")] = "grpo,erpo",
@@ -398,7 +405,7 @@ def credit(
     threads: Annotated[int, typer.Option(min=1, help="torch threads (CPU); 1 is fastest on a shared machine (docs/PERFORMANCE.md)")] = 1,
     engine: Annotated[str, typer.Option(help=ENGINE_HELP)] = "hf",
     dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "float32",
-    chat: Annotated[bool, typer.Option(help="Use the tokenizer's chat template (instruct models)")] = False,
+    chat: Annotated[bool | None, typer.Option("--chat/--no-chat", help=CHAT_HELP)] = None,
     pivots: Annotated[int, typer.Option(min=1, help="pivot_mc: pivots per response")] = 2,
     branches: Annotated[int, typer.Option(min=1, help="pivot_mc: branches sampled at each pivot (independent of -k)")] = 4,
     output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Where credit.json, report.md, plots, tokens.html and log.txt go")] = Path("runs/credit"),
@@ -417,14 +424,15 @@ def credit(
     torch.set_num_threads(threads)
     with user_errors():
         the_task = get_task(task)
-        max_new_tokens = max_new_tokens or the_task.max_new_tokens
-        check_options(group_size=group_size, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
+        check_options(group_size=group_size, k=k, max_new_tokens=max_new_tokens or 1, temperature=temperature,
                       positions_per_decile=positions, ablations=ablations, batch_rows=batch_size,
                       bootstrap=bootstrap, html_estimators=shown)
         with _side_run("credit", ctx, output_dir, the_task, num_problems, model, ref, engine, dtype) as (
                 phases, problems, policy, tokenizer, ref_model, rollout_engine):
+            max_new_tokens = max_new_tokens or the_task.response_limit(tokenizer)
             result = run_credit(policy, tokenizer, rollout_engine, the_task, problems,
-                                [the_task.format_prompt(p, tokenizer, chat=chat) for p in problems], output_dir,
+                                [the_task.format_prompt(p, tokenizer, chat=prompt_form(model, chat))
+                                 for p in problems], output_dir,
                                 model_name=model,
                                 task_name=task, ref_model=ref_model, ref_name=ref, group_size=group_size, k=k,
                                 max_new_tokens=max_new_tokens, temperature=temperature, positions_per_decile=positions,

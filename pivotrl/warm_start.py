@@ -24,13 +24,16 @@ from typing import Any
 
 import torch
 
+from pivotrl.modeling.prompt_form import WARM_START_RECIPE, save_prompt_form
+
 #: The file beside the weights that records how they were made.
-RECIPE_FILE = "warm_start.json"
+RECIPE_FILE = WARM_START_RECIPE
 
 
 @dataclass(frozen=True)
 class WarmStartConfig:
-    """A warm start's recipe: the defaults made ``smollm2-135m-add_sub`` (docs/EXPERIMENTS.md)."""
+    """A warm start's recipe: the defaults made ``smollm2-135m-add_sub``, and with TASK_RECIPES'
+    changes ``smollm2-135m-countdown`` (docs/EXPERIMENTS.md)."""
 
     model: str = "smollm2-135m"
     task: str = "add_sub"
@@ -42,6 +45,18 @@ class WarmStartConfig:
     lora_rank: int = 16
     lora_alpha: int = 32
     threads: int = 1
+
+
+#: Each task's recipe where it differs from the defaults (add_sub's): countdown's responses make
+#: several decisions, and add_sub's 100 steps brought SmolLM2-135M to 0.115 on it (docs/EXPERIMENTS.md).
+TASK_RECIPES: dict[str, dict[str, Any]] = {"countdown": {"steps": 400}}
+
+
+def warm_start_recipe(model: str, task: str, **overrides: Any) -> WarmStartConfig:
+    """The warm-start recipe of `model` on `task`: the defaults, then the task's (TASK_RECIPES), then
+    `overrides` (None values ignored)."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return WarmStartConfig(model=model, task=task, **{**TASK_RECIPES.get(task, {}), **given})
 
 
 def training_pairs(task: Any, tokenizer: Any, n: int, seed: int) -> list[dict[str, list[dict[str, str]]]]:
@@ -105,6 +120,7 @@ def warm_start(config: WarmStartConfig, output_dir: Path, log: Callable[[str], N
         merged.save_pretrained(work)
         tokenizer.save_pretrained(work)
     (work / RECIPE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    save_prompt_form(work, chat=True)
     for path in sorted(work.iterdir(), key=lambda p: p.name == "config.json"):
         path.rename(output_dir / path.name)
     work.rmdir()
@@ -143,7 +159,7 @@ def run_warm_start_command(*, config: WarmStartConfig, output_dir: Path | None, 
     print(f"saved {output_dir} after {record['train_s']:.0f} s" + (f": --model {name}" if named else ""), flush=True)
     if evaluate:
         model, tokenizer = load_policy(str(output_dir), device="cpu")
-        length = max_new_tokens or task.max_new_tokens
+        length = max_new_tokens or task.response_limit(tokenizer)
         print(f"measuring on {eval_n} held-out {config.task} problems, chat form (T={temperature}, seed {eval_seed}, "
               f"at most {length} tokens)", flush=True)
         res = evaluate_heldout(model, tokenizer, task, n=eval_n, temperature=temperature, seed=eval_seed,

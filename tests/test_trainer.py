@@ -234,11 +234,12 @@ def test_sigkill_and_resume_gives_identical_metrics(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_every_seed_starts_from_the_same_heldout_evaluation(tmp_path: Path) -> None:
-    """The evaluation samples with its own seed, so the seeds of a comparison share their 'before'."""
+    """The evaluation samples with its own seed, so the seeds and methods of a comparison share their 'before'
+    (tests/vllm_engine: the same on the vllm engine)."""
     samples = []
-    for seed in (0, 5):
+    for seed, method in ((0, "grpo"), (5, "erpo")):
         out = tmp_path / f"seed{seed}"
-        Trainer(smoke(out, f"train.seed={seed}", "train.max_steps=0", "eval.num_problems=16", "model.name_or_path=tiny",
-                      "task.options={num_numbers: 3}")).run()
+        Trainer(smoke(out, f"train.seed={seed}", f"algorithm.estimator={method}", "train.max_steps=0",
+                      "eval.num_problems=16", "model.name_or_path=tiny", "task.options={num_numbers: 3}")).run()
         samples.append((out / "eval" / "step-000000_samples.jsonl").read_text())
     assert samples[0] == samples[1] and samples[0]

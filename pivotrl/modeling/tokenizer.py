@@ -11,6 +11,9 @@ tokens, so they survive ``decode(..., skip_special_tokens=True)``; ``<pad>``,
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
@@ -57,3 +60,13 @@ def build_char_tokenizer(
         padding_side=padding_side,
         clean_up_tokenization_spaces=False,
     )
+
+
+def is_char_tokenizer(tokenizer: Any) -> bool:
+    """Whether `tokenizer` is pivotrl's character tokenizer (the vocabulary :func:`build_char_tokenizer` makes)."""
+    return tokenizer.get_vocab() == _char_vocab()
+
+
+@functools.cache
+def _char_vocab() -> dict[str, int]:
+    return build_char_tokenizer().get_vocab()

@@ -12,6 +12,7 @@ from pivotrl.modeling.gguf import cache_dir
 #: name -> (the base model it starts from, the task whose worked solutions it learned)
 WARM_STARTS: dict[str, tuple[str, str]] = {
     "smollm2-135m-add_sub": ("smollm2-135m", "add_sub"),
+    "smollm2-135m-countdown": ("smollm2-135m", "countdown"),
 }
 
 
@@ -34,5 +35,5 @@ def resolve_warm_start(name_or_path: str) -> str:
     if not (folder / "config.json").is_file():
         model, task = WARM_STARTS[name_or_path]
         raise ValueError(f"model {name_or_path!r} is {model} warm-started on {task}, made once with: pivotrl "
-                         f"pretrain --model {model} --task {task} (about 20 minutes on 2 cores; it saves to {folder})")
+                         f"pretrain --model {model} --task {task} (20 to 90 minutes on a 2-core CPU; it saves to {folder})")
     return str(folder)

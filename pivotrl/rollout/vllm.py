@@ -109,21 +109,23 @@ class VLLMEngine:
                  top_p: float = 1.0, generator: torch.Generator | None = None) -> Rollout:
         """num_samples completions of every prompt (rows prompt-major) as a Rollout with ℓ^sampler.
 
-        `generator` is not used: vLLM draws from its own generator, seeded with train.seed.
+        `generator`: each prompt's draws come from a seed drawn from it (request_seeds); None: from vLLM's own
+        generator, seeded with the engine's seed.
         """
         if num_samples < 1 or max_new_tokens < 1:
             raise ValueError(f"num_samples and max_new_tokens must be >= 1, got {num_samples}, {max_new_tokens}")
         ids, mask = left_pad(tokenize_prompts(self.tokenizer, prompts, self.max_prompt_tokens),
                              self.tokenizer.pad_token_id)
         return self.generate_from_ids(ids, mask, num_samples, max_new_tokens=max_new_tokens,
-                                      temperature=temperature, top_p=top_p)
+                                      temperature=temperature, top_p=top_p, generator=generator)
 
     def generate_from_ids(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_samples: int = 1, *,
                           max_new_tokens: int | torch.Tensor, temperature: float = 1.0, top_p: float = 1.0,
                           generator: torch.Generator | None = None) -> Rollout:
         """Like generate, from left-padded token ids (B,P) and their mask; max_new_tokens may be (B,) limits.
 
-        vLLM's prefix cache serves prompts that share a prefix (a response's branches, say).
+        vLLM's prefix cache serves prompts that share a prefix (a response's branches, say). `generator`: as
+        generate's.
         """
         check_sampling(temperature, top_p)
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
@@ -131,8 +133,10 @@ class VLLMEngine:
         limits = torch.as_tensor(max_new_tokens).expand(len(ours)).tolist()
         if min(limits, default=1) < 1 or num_samples < 1:
             raise ValueError(f"num_samples and max_new_tokens must be >= 1, got {num_samples}, {min(limits)}")
+        seeds = request_seeds(generator, len(ours))
         params = [self._sampling_params(n=num_samples, max_tokens=int(limit), temperature=temperature, top_p=top_p,
-                                        logprobs=0, stop_token_ids=[eos], detokenize=False) for limit in limits]
+                                        logprobs=0, stop_token_ids=[eos], detokenize=False, seed=seed)
+                  for limit, seed in zip(limits, seeds, strict=True)]
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in ours], params, use_tqdm=False)
         used = [list(o.prompt_token_ids) for o in outputs]
         if used != ours:
@@ -155,6 +159,18 @@ class VLLMEngine:
             self.tokenizer.batch_decode(response_ids, skip_special_tokens=True), truncated.to(device),
             group_size=num_samples, sampler_logprobs=sampler_logprobs.to(device),
         )
+
+
+def request_seeds(generator: torch.Generator | None, n: int) -> list[int | None]:
+    """One vLLM seed per request, drawn from `generator` (None: no seed, vLLM's own generator draws).
+
+    A seeded request's samples (its n children distinct) depend only on the weights, the prompt and
+    its seed, not on what else the engine runs before or beside it: so the draws follow the caller's
+    generator (the evaluation seed, the trainer's saved sampling generator), as the hf engine's do.
+    """
+    if generator is None:
+        return [None] * n
+    return torch.randint(0, 2**31 - 1, (n,), generator=generator).tolist()
 
 
 def check_vllm_installed(device_type: str) -> None:

@@ -125,7 +125,8 @@ class Task:
         user_template: the user message of the chat form, same fields.
         instruction: the sentence that says what layout to answer in.
         system_prompt: optional system message of the chat form.
-        max_new_tokens: the longest response a held-out evaluation allows by default.
+        max_new_tokens: the longest response a held-out evaluation allows by default, in pivotrl's
+            character tokenizer (:meth:`response_limit` gives it for any tokenizer).
     """
 
     name: str = "task"
@@ -195,6 +196,12 @@ class Task:
     def score(self, completion: str, problem: Problem) -> float:
         """``verifier(completion, problem.answer)``."""
         return float(self.verifier(completion, problem.answer))
+
+    def response_limit(self, tokenizer: Any = None) -> int:
+        """The longest response a model with ``tokenizer`` gets unless told otherwise: :attr:`max_new_tokens`
+        (a task that writes worked solutions derives a longer one for tokenizers other than pivotrl's
+        character tokenizer: :meth:`SyntheticTask.response_limit`)."""
+        return self.max_new_tokens
 
     def trace_validity(self, completion: str, problem: Problem) -> float | None:
         """The share of true arithmetic steps in the think part (None: no step).

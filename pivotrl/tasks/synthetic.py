@@ -160,6 +160,10 @@ class WorkedSolution:
     problem: Problem
 
 
+#: How many train problems' worked solutions :meth:`SyntheticTask.response_limit` measures.
+LIMIT_SAMPLE = 1000
+
+
 class SyntheticTask(Task):
     """A generated task with a hash-defined held-out split and worked solutions.
 
@@ -290,6 +294,24 @@ class SyntheticTask(Task):
             return None
         names = [f for f in FLAWS if self.flaw_weights.get(f, 0) > 0]
         return rng.choices(names, weights=[self.flaw_weights[f] for f in names])[0]
+
+    def response_limit(self, tokenizer: Any = None) -> int:
+        """The longest response a model with ``tokenizer`` gets unless told otherwise.
+
+        :attr:`max_new_tokens` is stated for pivotrl's character tokenizer (the shipped policies were
+        trained and measured with it), and is the answer for it and when no tokenizer is given. In any
+        other tokenizer, where the layout tags and numbers take more pieces, it is twice the longest
+        correct worked solution (``<eos>`` included) of the first :data:`LIMIT_SAMPLE` train problems,
+        and never less than :attr:`max_new_tokens`: on SmolLM2-135M, 78 for countdown (its longest
+        solution is 39 pieces, 35 characters) and 48 for add_sub.
+        """
+        from pivotrl.modeling.tokenizer import is_char_tokenizer
+
+        if tokenizer is None or is_char_tokenizer(tokenizer):
+            return self.max_new_tokens
+        texts = [self.solution(p) for p in self.problems("train", limit=LIMIT_SAMPLE)]
+        longest = max(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]) + 1
+        return max(self.max_new_tokens, 2 * longest)
 
     def sft_examples(
         self,

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from pivotrl.errors import CheckpointError
+from pivotrl.modeling.prompt_form import save_prompt_form
 
 PREFIX = "step-"
 STATE_JSON = "trainer_state.json"
@@ -200,7 +201,8 @@ def first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
-def save_checkpoint(root: Path, step: int, *, model: Any, tokenizer: Any, state: dict[str, Any], keep: int) -> Path:
+def save_checkpoint(root: Path, step: int, *, model: Any, tokenizer: Any, state: dict[str, Any], keep: int,
+                    chat: bool = False) -> Path:
     """Write checkpoint `step` atomically and keep only the newest `keep`."""
     root.mkdir(parents=True, exist_ok=True)
     final = checkpoint_dir(root, step)
@@ -212,6 +214,7 @@ def save_checkpoint(root: Path, step: int, *, model: Any, tokenizer: Any, state:
     with quiet_loading():  # no "Writing model shards" bar in the trainer's output
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        save_prompt_form(tmp, chat)
     save_state(tmp, state)
     _fsync_tree(tmp)
     if final.exists():  # the same step saved again (e.g. the final save after a periodic one)

@@ -28,8 +28,8 @@ class ModelConfig(Section):
     """What the policy and the reference model compute in. The weights stay float32 (the master copy AdamW updates and checkpoints hold); bfloat16 / float16 run every forward under torch.autocast, and the vllm engine samples in that dtype."""
     device: str = "auto"
     """'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ..."""
-    chat_template: bool = False
-    """Render prompts with the tokenizer's chat template instead of the task's plain template."""
+    chat_template: bool | None = None
+    """Render prompts with the tokenizer's chat template (true) or the task's plain template (false); None: the form the model was trained in, where pivotrl recorded it (a warm start, a run's checkpoint: modeling/prompt_form.py), else plain."""
     ref_model: str | None = None
     """Reference model: None = the policy's initial weights (kept only when a method needs it), 'none' = no reference model, or a path."""
     arch: dict[str, int] = Field(default_factory=dict)
@@ -67,8 +67,8 @@ class RolloutConfig(Section):
     """Prompts sampled per training step."""
     group_size: int = Field(8, ge=1)
     """Responses sampled per prompt (G)."""
-    max_new_tokens: int = Field(34, ge=1)
-    """Longest response, in tokens (L_max)."""
+    max_new_tokens: int | None = Field(None, ge=1)
+    """Longest response, in tokens (L_max); None: the task's limit for the model's tokenizer (Task.response_limit: 34 for countdown with the tiny policies, 78 on SmolLM2)."""
     max_prompt_tokens: int | None = Field(None, ge=1)
     """Truncate prompts to this many tokens (None: no limit)."""
     temperature: float = Field(1.0, ge=0.0)

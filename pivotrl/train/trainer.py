@@ -38,6 +38,7 @@ from pivotrl.algorithms import (
 from pivotrl.errors import ConfigError, TrainingAborted, TrainingInterrupted
 from pivotrl.evaluation import evaluate_policy
 from pivotrl.modeling.policy import compute_precision, describe, frozen_copy, load_policy
+from pivotrl.modeling.prompt_form import prompt_form
 from pivotrl.progress import TrainProgress, heldout_table, task_counts
 from pivotrl.rollout import Rollout, make_engine
 from pivotrl.rollout.branching import Branches
@@ -57,10 +58,9 @@ from pivotrl.train.sampler_check import SamplerCheck, logprob_diff, sampler_boun
 from pivotrl.train.schedule import ProblemStream, lr_factor
 from pivotrl.train.update import update_policy
 
-#: The held-out evaluation's sampling seed (hf engine): the same for every run, whatever train.seed, so
-#: that the seeds of a comparison start from one "before" accuracy (and end on the same draws). The
-#: vllm engine ignores it and draws from vLLM's generator, seeded with train.seed: there the runs of
-#: one seed share their "before" draws, and their later draws depend on all the sampling before them.
+#: The held-out evaluation's sampling seed, on every engine: the same for every run, whatever train.seed
+#: or method, so that the runs of a comparison start from the same "before" draws (and their "after"
+#: draws share one random stream; the vllm engine seeds each request from it).
 EVAL_SEED = 10_000
 
 
@@ -110,6 +110,10 @@ class Trainer:
         # float32 weights whatever model.dtype: the master copy AdamW updates (docs/PERFORMANCE.md, "bfloat16")
         self.model, self.tokenizer = load_policy(cfg.model.name_or_path, device=cfg.model.device,
                                                  seed=cfg.train.seed, arch=cfg.model.arch)
+        self.chat = prompt_form(cfg.model.name_or_path, cfg.model.chat_template)
+        #: cfg.rollout with its max_new_tokens resolved (None: the task's limit for this tokenizer)
+        self.rollout_config = cfg.rollout.model_copy(
+            update={"max_new_tokens": cfg.rollout.max_new_tokens or self.task.response_limit(self.tokenizer)})
         self.ref = None
         if self.checks.needs_ref:
             ref = self.model if cfg.model.ref_model is None else load_policy(
@@ -163,12 +167,11 @@ class Trainer:
     # -- one step -------------------------------------------------------------
     def prompts_for(self, problems: list) -> list[str]:
         """The model-facing text of each problem (plain template or the tokenizer's chat template)."""
-        chat = self.config.model.chat_template
-        return [self.task.format_prompt(p, self.tokenizer, chat=chat) for p in problems]
+        return [self.task.format_prompt(p, self.tokenizer, chat=self.chat) for p in problems]
 
     def collect(self) -> Collected:
         """Phase 1 (train/collect.py): the step's scored rollout."""
-        return collect(self.engine, self.task.verifier, self.problems.next, self.prompts_for, self.config.rollout,
+        return collect(self.engine, self.task.verifier, self.problems.next, self.prompts_for, self.rollout_config,
                        self.sample_generator)
 
     def _forward(self, model: torch.nn.Module, rollout: Rollout, rows: torch.Tensor | None = None,
@@ -280,7 +283,7 @@ class Trainer:
 
     def branch(self, rollout: Rollout, batch: TokenBatch, problems: list) -> tuple[Rollout, TokenBatch, dict]:
         """Phase 3 (train/branches.py): pivot_values, and with train_on_branches the branches as rows."""
-        r = self.config.rollout
+        r = self.rollout_config
 
         def reward_of(parents: torch.Tensor, texts: list[str], lengths: torch.Tensor) -> torch.Tensor:
             scores = score_texts(self.task.verifier, texts, [problems[i].answer for i in parents.tolist()])
@@ -310,9 +313,8 @@ class Trainer:
     # -- evaluation and checkpoints -----------------------------------------------
     def evaluate(self, tag: str, progress: TrainProgress | None = None) -> dict[str, Any]:
         """Held-out evaluation of the current policy; writes eval/<tag>.json and eval/<tag>_samples.jsonl."""
-        e, r = self.config.eval, self.config.rollout
-        chat = self.config.model.chat_template
-        prompts = [self.eval_task.format_prompt(p, self.tokenizer, chat=chat) for p in self.eval_problems]
+        e, r = self.config.eval, self.rollout_config
+        prompts = [self.eval_task.format_prompt(p, self.tokenizer, chat=self.chat) for p in self.eval_problems]
         result = evaluate_policy(
             self.engine, self.eval_task, self.eval_problems, prompts=prompts,
             samples_per_problem=e.samples_per_problem, temperature=e.temperature,
@@ -333,7 +335,7 @@ class Trainer:
             "sampler_streak": self.sampler_check.streak,
         }
         return ckpt.save_checkpoint(self.out / "checkpoints", self.step, model=self.model, tokenizer=self.tokenizer,
-                                    state=state, keep=self.config.checkpoint.keep)
+                                    state=state, keep=self.config.checkpoint.keep, chat=self.chat)
 
     def _load_state(self, path: Path, state: dict[str, Any]) -> None:
         try:
@@ -364,7 +366,9 @@ class Trainer:
         """
         cfg = self.config
         self.console.print(f"[bold]pivotrl train[/] {cfg.algorithm.estimator} + {cfg.algorithm.policy_loss} on "
-                           f"{cfg.task.name}: {describe(self.model)}{self._compute_note()}; output {self.out}",
+                           f"{cfg.task.name}: {describe(self.model)}{self._compute_note()}; "
+                           f"{'chat' if self.chat else 'plain'} prompts, responses of at most "
+                           f"{self.rollout_config.max_new_tokens} tokens; output {self.out}",
                            soft_wrap=True)
         started = time.perf_counter()
         elapsed_before = self.elapsed

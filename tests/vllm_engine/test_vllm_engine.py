@@ -90,6 +90,34 @@ def test_train_with_vllm_logs_the_sampler_check_every_step(tmp_path) -> None:
     assert len(diffs) == 3 and max(diffs) < FP32_NOISE, diffs
 
 
+def test_runs_of_other_seeds_and_methods_draw_the_same_heldout_samples_before(tmp_path) -> None:
+    """On vLLM the evaluation's draws follow the evaluation seed too (request_seeds), not the run's seed,
+    so the runs of a comparison start from the same 'before' samples."""
+    samples = []
+    for seed, method in ((0, "grpo"), (1, "erpo")):
+        out = tmp_path / f"seed{seed}"
+        done = pivotrl("train", "--config", "quick", "-o", str(out), "rollout.engine=vllm", "train.max_steps=0",
+                       f"train.seed={seed}", f"algorithm.estimator={method}", "eval.num_problems=32", timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        samples.append((out / "eval" / "step-000000_samples.jsonl").read_text())
+    assert samples[0] == samples[1] and samples[0]
+
+
+def test_a_seeded_request_draws_the_same_whatever_runs_before_or_beside_it(prompts: list[str]) -> None:
+    model, tokenizer = load_policy("tiny", device="cpu")
+    engine = VLLMEngine(model, tokenizer, seed=0)
+
+    def draw(chosen: list[str], seed: int) -> list[str]:
+        return engine.generate(chosen, 4, max_new_tokens=24, generator=torch.Generator().manual_seed(seed)).texts
+
+    alone = draw(prompts[:1], 7)
+    assert len(set(alone)) > 1  # the four children of one seeded request differ
+    engine.generate(prompts, 4, max_new_tokens=24)  # unseeded requests in between
+    assert draw(prompts[:1], 7) == alone
+    assert draw(prompts[:3], 7)[:4] == alone  # its seed is the first drawn: the same beside two other requests
+    assert draw(prompts[:1], 8) != alone
+
+
 def test_eval_and_credit_run_on_vllm(tmp_path) -> None:
     done = pivotrl("eval", "--model", "tiny", "--task", "countdown", "-n", "32", "--engine", "vllm", timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
