@@ -4,6 +4,7 @@ shipped tiny policy given a chat template (the real SmolLM2 recipe is docs/EXPER
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from cli_helpers import assert_user_error, pivotrl
 
 from pivotrl.modeling.policy import load_policy
+from pivotrl.modeling.prompt_form import save_prompt_form, saved_prompt_form
 
 pytest.importorskip("trl", reason="the warm start uses TRL's SFTTrainer (bash scripts/setup.sh dev,trl)")
 pytest.importorskip("peft", reason="the warm start's LoRA needs peft (bash scripts/setup.sh dev,trl)")
@@ -51,6 +53,30 @@ def test_the_warm_start_trains_the_linear_layers_only_and_is_reproducible(chat_t
     assert not any("embed_tokens" in name or "norm" in name for name in changed), sorted(changed)  # LoRA: linears
     assert all(torch.equal(a[name], b[name]) for name in a)  # the recipe and seed fix the weights
     assert not list(tmp_path.glob(".*"))  # no work folders left beside the result
+    assert saved_prompt_form(str(tmp_path / "a")) is True  # trained in chat form, so measured in chat form
+
+
+def test_a_models_recorded_prompt_form_reaches_eval_train_and_its_checkpoints(chat_tiny: Path, tmp_path: Path) -> None:
+    """A folder that records chat form is evaluated and trained in it unless told otherwise; a run's
+    checkpoints record the form it trained in, so eval of the run folder uses it too."""
+
+    def eval_form(model: str, *flags: str) -> bool:
+        done = pivotrl("eval", "--model", model, "--task", "add_sub", "-n", "4", "--max-new-tokens", "4", *flags)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout)["chat"]
+
+    assert saved_prompt_form(str(chat_tiny)) is None and eval_form(str(chat_tiny)) is False  # no record: plain
+    recorded = tmp_path / "recorded"
+    shutil.copytree(chat_tiny, recorded)
+    save_prompt_form(recorded, chat=True)
+    assert eval_form(str(recorded)) is True and eval_form(str(recorded), "--no-chat") is False
+    assert eval_form(str(chat_tiny), "--chat") is True
+    run = tmp_path / "run"
+    done = pivotrl("train", "--config", "smoke", "-o", str(run), f"model.name_or_path={recorded}", "task.name=add_sub",
+                   "train.max_steps=1", "eval.before_after=false", "algorithm.estimator=grpo")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "chat prompts" in done.stdout
+    assert saved_prompt_form(str(run)) is True and eval_form(str(run)) is True
 
 
 def test_pretrain_refuses_a_tiny_policy_as_the_model_to_warm_start(tmp_path: Path) -> None:
