@@ -7,8 +7,8 @@ For each run: after − before, where "before" is its first evaluation (eval/ste
 and "after" its last, paired by problem (each problem's mean reward over its samples), with the 95%
 t-interval over problems. With several runs, also each run's final accuracy minus the first run's,
 paired by problem: the runs of one recipe evaluate the same problems, so the problem-to-problem
-spread cancels (with the hf engine the draws are the same too, the trainer's EVAL_SEED; with vllm
-they come from vLLM's generator, seeded with train.seed, and differ after training). The interval covers the
+spread cancels, and their draws come from one random stream (the trainer's EVAL_SEED, on both engines).
+The interval covers the
 evaluation's sampling, not the training's seed-to-seed spread: one run per method says nothing
 about the latter.
 
