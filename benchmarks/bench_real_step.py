@@ -1,12 +1,15 @@
-"""The real-LM job's training step by phase, in float32 and in bfloat16, side by side in one run.
+"""The real-LM job's training step by phase, for each engine and dtype, one after the other in one run.
 
     .venv-verl/bin/python benchmarks/bench_real_step.py [--config smollm2] [--dtypes float32 bfloat16]
-        [--steps 3] [--prompts 2] [--group-size 4] [--engine vllm] [-o runs/bench_real_step]
+        [--engines vllm hf] [--steps 3] [--prompts 2] [--group-size 4] [--rounds 1] [-o runs/bench_real_step]
 
-For each dtype, `pivotrl train -c CONFIG` (the recipe: SmolLM2-135M warm start, chat prompts,
-add_sub) runs `--steps` steps with `model.dtype` set, without dynamic sampling (one batch of a
+For each engine and dtype, `pivotrl train -c CONFIG` (e.g. smollm2: SmolLM2-135M warm start, chat
+prompts, add_sub) runs `--steps` steps with `rollout.engine` and `model.dtype` set, without dynamic
+sampling (one batch of a
 fixed size a step), no evaluation and no checkpoints, each in its
-own process (so each builds its own engine), one after the other. The first step warms up (vLLM's
+own process (so each builds its own engine), one after the other; with `--rounds` N the whole
+sequence runs N times (alternating the order), and each setting's figures are the median over all
+its rounds' steps. The first step warms up (vLLM's
 first sampling, allocator growth) and is left out; the script prints the median over the
 remaining steps of each phase the trainer logs (`time/rollout_s`: sampling and rewards;
 `time/forward_s`: the no-grad forwards for ℓ^old, ℓ^ref and entropies; `time/update_s`: forward,
@@ -29,11 +32,11 @@ from pathlib import Path
 PHASES = ["time/rollout_s", "time/forward_s", "time/update_s", "time/step_s", "rollout/logprob_diff"]
 
 
-def run_trainer(args: argparse.Namespace, dtype: str, out: Path) -> list[dict]:
-    """Run the recipe for --steps steps in `dtype` into `out`; its metrics.jsonl rows."""
+def run_trainer(args: argparse.Namespace, engine: str, dtype: str, out: Path) -> list[dict]:
+    """Run the recipe for --steps steps on `engine` in `dtype` into `out`; its metrics.jsonl rows."""
     command = [
         str(Path(sys.executable).parent / "pivotrl"), "train", "-c", args.config, "-o", str(out), "--overwrite",
-        f"model.dtype={dtype}", f"rollout.engine={args.engine}",
+        f"model.dtype={dtype}", f"rollout.engine={engine}",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group_size}",
         "rollout.dynamic_sampling=false",  # a fixed batch: refill rounds would depend on the policy's accuracy
         f"train.max_steps={args.steps}", "eval.before_after=false", "eval.every=0", "checkpoint.every=0",
@@ -41,7 +44,7 @@ def run_trainer(args: argparse.Namespace, dtype: str, out: Path) -> list[dict]:
     print(" ".join(command), flush=True)
     start = time.perf_counter()
     subprocess.run(command, check=True)
-    print(f"{dtype}: {time.perf_counter() - start:.0f} s for the whole command", flush=True)
+    print(f"{engine} {dtype}: {time.perf_counter() - start:.0f} s for the whole command", flush=True)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -52,7 +55,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="steps per dtype, the first left out")
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--engine", default="vllm", choices=["hf", "vllm"])
+    parser.add_argument("--engines", nargs="+", default=["vllm"], choices=["hf", "vllm"])
+    parser.add_argument("--rounds", type=int, default=1, help="times the whole sequence runs, in alternating order")
     parser.add_argument("-o", "--output-dir", type=Path, default=Path("runs/bench_real_step"))
     args = parser.parse_args()
     if args.steps < 2:
@@ -61,18 +65,22 @@ def main() -> None:
         parser.error(f"no pivotrl command beside {sys.executable}: run this with the venv's python")
     args.output_dir.mkdir(parents=True, exist_ok=True)
 
-    medians: dict[str, dict[str, float]] = {}
-    for dtype in args.dtypes:
-        rows = run_trainer(args, dtype, args.output_dir / dtype)[1:]
-        medians[dtype] = {key: statistics.median(row.get(key, float("nan")) for row in rows) for key in PHASES}
+    settings = [(engine, dtype) for engine in args.engines for dtype in args.dtypes]
+    rows: dict[tuple[str, str], list[dict]] = {setting: [] for setting in settings}
+    for round_ in range(args.rounds):
+        for engine, dtype in settings if round_ % 2 == 0 else settings[::-1]:
+            rows[engine, dtype] += run_trainer(args, engine, dtype, args.output_dir / f"{engine}-{dtype}")[1:]
+    medians = {setting: {key: statistics.median(row.get(key, float("nan")) for row in found) for key in PHASES}
+               for setting, found in rows.items()}
 
-    first = args.dtypes[0]
-    print(f"\n{args.config}: {args.prompts} prompts x {args.group_size} responses, engine {args.engine}, "
-          f"median of steps 2-{args.steps}")
-    print(f"{'dtype':<10}" + "".join(f"{key.removeprefix('time/'):>16}" for key in PHASES[:4]) + f"{'|l diff|':>12}")
-    for dtype, phase in medians.items():
-        cells = "".join(f"{phase[key]:>9.2f} s x{phase[key] / medians[first][key]:<5.1f}" for key in PHASES[:4])
-        print(f"{dtype:<10}{cells}{phase['rollout/logprob_diff']:>12.2g}")
+    first = settings[0]
+    print(f"\n{args.config}: {args.prompts} prompts x {args.group_size} responses, median of steps 2-{args.steps} "
+          f"over {args.rounds} round(s)")
+    print(f"{'engine, dtype':<16}" + "".join(f"{key.removeprefix('time/'):>16}" for key in PHASES[:4])
+          + f"{'|l diff|':>12}")
+    for (engine, dtype), phase in medians.items():
+        cells = "".join(f"{phase[key]:>9.2f} s x{phase[key] / medians[first][key]:<5.2f}" for key in PHASES[:4])
+        print(f"{engine + ', ' + dtype:<16}{cells}{phase['rollout/logprob_diff']:>12.2g}")
 
 
 if __name__ == "__main__":
