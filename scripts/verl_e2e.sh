@@ -21,6 +21,10 @@
 # (one line), e.g. "verl e2e: 2 steps, estimator pivotrl_erpo, entropies seen: yes, ref policy: yes,
 # advantages recomputed: yes, rollout_probs_diff_mean 3.35e-07" on a 2-core CPU in about 2.5 min.
 #
+# `--print-overrides DEVICE WORK_DIR` prints main_ppo's overrides, one per line, and
+# `--check-inputs` the input check's line ("ok <device>", "skip <reason>", "error <reason>"), and
+# stop (scripts/verl_multinode.sh builds on both).
+#
 # Exit status: 0 when main_ppo ran and the summary holds (2 steps, every "yes", and
 # rollout_probs_diff_mean at most its bound: 1e-4 on the CPU, which runs both sides in float32,
 # 1e-2 elsewhere, bfloat16; tests/verl/test_verl_e2e.py says why); 1 when it does not; 2 for a bad
@@ -134,7 +138,7 @@ if [[ "${1:-}" == "--print-overrides" ]]; then
 fi
 
 # Inputs, before any work (1-3 s: find_spec and the entry point, no verl import; torch for the
-# device)
+# device): one line, "ok <device>", "skip <reason>" or "error <reason>"
 checked="$("$PYTHON" - <<'EOF' 2>/dev/null || echo "error $PYTHON did not run"
 import importlib.metadata as md
 import importlib.util
@@ -164,6 +168,11 @@ if hasattr(torch, "npu") and torch.npu.is_available():
 out("ok", "cpu")
 EOF
 )"
+# `--check-inputs`: print that line and stop (scripts/verl_multinode.sh checks with it)
+if [[ "${1:-}" == "--check-inputs" ]]; then
+    echo "$checked"
+    exit 0
+fi
 kind="${checked%% *}"
 detail="${checked#* }"
 case "$kind" in

@@ -58,9 +58,16 @@ set around verl's own advantage step. Configuration (all plain config keys):
 ``PIVOTRL_VERL_PROBE=<file>`` (read by the trainer process) makes every advantage step of
 a pivotrl trainer append one JSON line to ``<file>``: the masked sums of the batch's
 ``entropy``, ``old_log_probs`` and ``ref_log_prob`` as verl wrote them to the
-TransferQueue, and the same sums of the tensors each estimator call actually received; and
-save those tensors with the advantages verl stored to ``<file>.step<k>.pt``
-(``scripts/verl_e2e.sh`` reads both).
+TransferQueue, and the same sums of the tensors each estimator call actually received, with
+the Ray node id of the process that ran it; and save those tensors with the advantages verl
+stored to ``<file>.step<k>.pt`` (``scripts/verl_e2e.sh`` reads both). In an actor worker that
+sees it, every call of a ``pivotrl_*`` policy loss appends one JSON line to
+``<file>.loss.jsonl``: the loss, the worker's Ray node id and rank, and the tokens it saw
+(``scripts/verl_multinode.sh`` reads it).
+
+Where verl's processes lack this plugin, the run stops at start-up instead of at the first
+rollout: :mod:`pivotrl.integrations.verl_cluster` checks every node of the Ray cluster from
+``main_ppo``'s driver (and from the pivotrl trainers where the driver has not).
 """
 
 from __future__ import annotations
@@ -70,6 +77,7 @@ import contextvars
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -86,7 +94,7 @@ from pivotrl.algorithms import (
     hyperparameters,
     loss_requirements,
 )
-from pivotrl.integrations import ADAPTER_FIELDS, check_adaptable
+from pivotrl.integrations import ADAPTER_FIELDS, check_adaptable, verl_cluster
 from pivotrl.integrations.import_hooks import after_import
 
 __all__ = [
@@ -113,6 +121,7 @@ PREFIX = "pivotrl_"
 ESTIMATOR_KWARGS_KEY = "pivotrl_kwargs"
 LOSS_KWARGS_ENV = "PIVOTRL_POLICY_LOSS_KWARGS"
 PROBE_ENV = "PIVOTRL_VERL_PROBE"
+LOSS_PROBE_SUFFIX = ".loss.jsonl"  # the policy-loss calls' records, beside the probe file
 RECEIVED_KEY = "_tensors"  # a probe receipt's tensors: saved to a .pt file, not the JSON line
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 TOKEN_KEYS = ("response_mask", "old_log_probs", "ref_log_prob", "entropys")
@@ -288,6 +297,20 @@ def _masked_sums(mask: Tensor, entropies: Tensor | None, ref: Tensor | None, old
     }
 
 
+def ray_node_id() -> str | None:
+    """The Ray node id of this process, None outside Ray."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().get_node_id()
+
+
+def _append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
+    """One JSON line, in one write (several processes append to the same file)."""
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record) + "\n")
+
+
 def check_reference_policy(config: Any) -> None:
     """Refuse a verl config whose pivotrl estimator reads ℓ^ref while verl builds no reference policy.
 
@@ -379,7 +402,7 @@ def make_adv_estimator(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
             }
             received = {k: v.cpu() if isinstance(v, Tensor) else v for k, v in received.items()}
             sums = _masked_sums(mask, batch.entropies, batch.ref_logprobs, old)
-            receipts.append({**sums, RECEIVED_KEY: received})
+            receipts.append({**sums, "node_id": ray_node_id(), "pid": os.getpid(), RECEIVED_KEY: received})
         adv = compute_advantages(name, batch, **hp).to(token_level_rewards.dtype)
         return adv, adv
 
@@ -493,6 +516,16 @@ def make_policy_loss(name: str) -> Callable[..., tuple[Tensor, dict[str, Any]]]:
             "actor/pg_clipfrac_lower": metrics.get("clip/dual_frac", 0.0),
         }
         out.update({f"actor/pivotrl/{key}": value for key, value in metrics.items()})
+        probe = os.environ.get(PROBE_ENV)
+        if probe:
+            rank = os.environ.get("RANK")  # verl sets it in each worker: its rank in the worker group
+            _append_jsonl(probe + LOSS_PROBE_SUFFIX, {
+                "loss": PREFIX + name,
+                "node_id": ray_node_id(),
+                "rank": None if rank is None else int(rank),
+                "pid": os.getpid(),
+                "tokens": int(mask.sum()),
+            })
         return pg_loss, out
 
     policy_loss.__name__ = f"compute_policy_loss_{PREFIX}{name}"
@@ -520,6 +553,7 @@ class PivotAdvantageMixin:
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         check_reference_policy(config)
         check_entropy_source(config)
+        verl_cluster.check_from_trainer(config)
         super().__init__(config, *args, **kwargs)
 
     @property
@@ -595,13 +629,13 @@ class PivotAdvantageMixin:
         record = {
             "step": step,
             "estimator": PREFIX + (self._pivotrl_name() or ""),
+            "node_id": ray_node_id(),  # the trainer's process: verl's TaskRunner
             "use_reference_policy": bool(getattr(self, "use_reference_policy", False)),
             "batch": _masked_sums(mask, tensors.get("entropys"), tensors.get("ref_log_prob"), tensors.get("old_log_probs")),
             "received": receipts,
             "tensors": saved.name,
         }
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record) + "\n")
+        _append_jsonl(path, record)
 
 
 _TRAINER_CLASSES: dict[str, type] = {}
@@ -670,6 +704,8 @@ def register() -> None:
     has imported the registry's module, so the names are there when it looks.
     """
     _register_cpu_platform()
+    # main_ppo's driver: check every node of the cluster right after ray.init
+    after_import("verl.trainer.constants_ppo", verl_cluster.wrap_runtime_env)
     after_import("verl.trainer.ppo.core_algos", _register_algorithms)
     if os.environ.get("PIVOTRL_VERL_TRAINERS", "1") != "0":
         # verl's v1 trainers need TransferQueue and friends, the registries above do not: where
