@@ -258,6 +258,22 @@ def progress_console():
     return Console(stderr=True)
 
 
+@app.command()
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (its newest checkpoint) or a checkpoint folder", show_default=False)],
+    output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Where the model goes: a new or empty folder", show_default=False)],
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Move what --output-dir holds aside (to FOLDER.old-DATE-TIME) and write there")] = False,
+) -> None:
+    """Write a run's policy as a plain Hugging Face model folder: a LoRA run's adapter merged into its base
+    (W + alpha/r·B A), with the tokenizer and the prompt form the run trained in; `--model DIR` loads it.
+    """
+    from pivotrl.export import export_model
+
+    with user_errors():
+        source = export_model(run_dir, output_dir, overwrite=overwrite, say=typer.echo)
+    typer.echo(f"exported {source} to {output_dir}: --model {output_dir}")
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
              options_metavar="[OPTIONS] [KEY=VALUE]...")
 def compare(

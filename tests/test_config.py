@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
@@ -57,6 +58,9 @@ def test_every_field_has_a_default_and_a_doc() -> None:
                 continue
             assert field.description, f"{model.__name__}.{name} has no doc"
             assert not field.is_required(), f"{model.__name__}.{name} has no default"
+            for section in get_args(annotation):  # an optional section (model.lora, eval.task): its fields too
+                if isinstance(section, type) and hasattr(section, "model_fields"):
+                    walk(section)
 
     walk(RunConfig)
 

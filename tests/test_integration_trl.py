@@ -91,6 +91,8 @@ class Recording(PivotGRPOTrainer):
                 "logp": logp,
                 "entropy": ent,
                 "rewards": torch.tensor(reward_a(completions)),
+                "ids": ids,
+                "attn": attn,
             }
         )
         loss = super()._compute_loss(model, inputs)
@@ -234,6 +236,34 @@ def test_config_refuses_what_it_replaces(tmp_path):
         make_config(tmp_path, loss_agg_mode="token-sum")
     cfg = make_config(tmp_path, estimator_kwargs='{"eta": 0.1}', advantage_estimator="erpo")
     assert cfg.estimator_kwargs == {"eta": 0.1}
+
+
+def test_with_a_peft_config_the_reference_is_the_base_with_the_adapter_off(tiny_model_dir, tmp_path):
+    """TRL's reference under peft is the model with its adapter disabled: the ℓ^ref the estimator reads are
+    the base model's log-probs (a fresh load of the saved model), while the policy's have moved away."""
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM
+
+    trainer = Recording(
+        model=tiny_model_dir, reward_funcs=reward_a, args=make_config(tmp_path, advantage_estimator="erpo", beta=0.04),
+        train_dataset=dataset(), processing_class=build_tokenizer(),
+        peft_config=LoraConfig(r=4, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"),
+    )
+    assert trainer.ref_model is None  # no copy of the model
+    trainer.train()
+    assert len(trainer.records) == 3
+    check_records(trainer, "erpo", {}, token_level=True)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    for rec in trainer.records:
+        width, mask = rec["mask"].shape[1], rec["mask"]
+        with torch.no_grad():
+            logits = base(input_ids=rec["ids"], attention_mask=rec["attn"]).logits[:, -width - 1 : -1].float()
+            expected, _ = token_logprobs_and_entropy(rec["ids"][:, -width:], logits=logits)
+        ref = rec["batch"].ref_logprobs[rec["rows"], :width]
+        torch.testing.assert_close(ref[mask], expected[mask], rtol=1e-4, atol=1e-4)
+    last = trainer.records[-1]  # after two updates the adapted policy is not the base
+    ref = last["batch"].ref_logprobs[last["rows"], : last["mask"].shape[1]]
+    assert (last["logp"] - ref)[last["mask"]].abs().mean() > 1e-3
 
 
 def test_erpo_without_reference_names_beta(tiny_model_dir, tmp_path):

@@ -210,11 +210,18 @@ def run_cli(out: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONHASHSEED": "0"})
 
 
+#: a LoRA run (model.lora): the shipped tiny policy as its base, responses long enough to be scored
+LORA_RUN = ("model.name_or_path=tiny", "model.arch={}", "rollout.max_new_tokens=34", "model.lora.r=4")
+
+
 @pytest.mark.slow
-def test_sigkill_and_resume_gives_identical_metrics(tmp_path: Path) -> None:
-    reference = run_cli(tmp_path / "straight")
+@pytest.mark.parametrize("extra", [(), LORA_RUN], ids=["full", "lora"])
+def test_sigkill_and_resume_gives_identical_metrics(tmp_path: Path, extra: tuple[str, ...]) -> None:
+    if extra:
+        pytest.importorskip("peft", reason="model.lora needs peft")
+    reference = run_cli(tmp_path / "straight", *extra)
     assert reference.wait(timeout=300) == 0, reference.stderr.read().decode()
-    victim = run_cli(tmp_path / "killed")
+    victim = run_cli(tmp_path / "killed", *extra)
     deadline = time.time() + 300
     metrics = tmp_path / "killed" / "metrics.jsonl"
     while time.time() < deadline:  # kill mid-run, once three steps are logged
@@ -224,7 +231,8 @@ def test_sigkill_and_resume_gives_identical_metrics(tmp_path: Path) -> None:
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     assert any((tmp_path / "killed" / "checkpoints").glob("step-*")), "killed before any checkpoint"
-    resumed = run_cli(tmp_path / "killed", "--resume")
+    assert not (tmp_path / "killed" / "summary.json").exists(), "the run ended before it was killed"
+    resumed = run_cli(tmp_path / "killed", *extra, "--resume")
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read().decode()
     assert without_timings(read_metrics(tmp_path / "killed")) == without_timings(read_metrics(tmp_path / "straight"))
     straight = json.loads((tmp_path / "straight" / "summary.json").read_text())

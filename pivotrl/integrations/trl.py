@@ -27,6 +27,8 @@ k3 estimator, unless ``policy_loss_kwargs`` sets ``beta_kl``), and TRL builds th
 reference model only when ``beta != 0``. An estimator or loss that needs reference
 log-probs (ERPO, EP-GRPO; TEPO's masked KL) therefore needs ``beta > 0``; set
 ``policy_loss_kwargs={"beta_kl": 0.0}`` for a reference model without a KL term.
+With a ``peft_config`` (LoRA), TRL keeps no reference copy: its reference log-probs, which
+the estimators read as ℓ^ref, are the model's with the adapter disabled, i.e. the base's.
 """
 
 from __future__ import annotations

@@ -45,7 +45,9 @@ def load_policy(
     """(model, tokenizer with left padding and a pad token) for a shipped tiny policy
     ('tiny', 'tiny-search', 'tiny-free'), 'tiny-random', a packaged GGUF model ('smollm2-135m') or its
     warm start ('smollm2-135m-add_sub', made by pivotrl pretrain: modeling/warm_names.py),
-    a .gguf file (both converted once into a cached folder: modeling/gguf.py) or a path/hub id."""
+    a .gguf file (both converted once into a cached folder: modeling/gguf.py) or a path/hub id; a run
+    folder means its newest checkpoint, and a LoRA run's checkpoint (a saved adapter) loads as its base
+    with the adapter merged (modeling/lora.py)."""
     from pivotrl.modeling.tiny import TINY_MODELS
 
     if dtype not in DTYPES:
@@ -62,16 +64,20 @@ def load_policy(
         model = build_tiny_model(tokenizer, seed=seed, **(arch or {}))
     else:
         from pivotrl.modeling.gguf import resolve_gguf
+        from pivotrl.modeling.lora import is_adapter_folder
         from pivotrl.modeling.warm_names import resolve_warm_start
 
         name_or_path = model_in_folder(resolve_gguf(resolve_warm_start(name_or_path)))
-        options = model_source(name_or_path)
-        tokenizer = load_tokenizer(name_or_path, **options)
-        try:
-            with quiet_loading():
-                model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype], **options)
-        except (OSError, ValueError) as err:
-            raise ValueError(f"model {name_or_path!r}: cannot load a causal LM ({_first_line(err)})") from None
+        if is_adapter_folder(name_or_path):  # a LoRA run's checkpoint: its base with the adapter merged
+            model, tokenizer = _load_adapted(name_or_path, device=device)
+        else:
+            options = model_source(name_or_path)
+            tokenizer = load_tokenizer(name_or_path, **options)
+            try:
+                with quiet_loading():
+                    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype], **options)
+            except (OSError, ValueError) as err:
+                raise ValueError(f"model {name_or_path!r}: cannot load a causal LM ({_first_line(err)})") from None
     # The tokenizer warns once when a text is longer than its model_max_length ("will result in
     # indexing errors"); rotary models (every model here) have no position table to index out of,
     # and prompt length is bounded where it matters, by rollout.max_prompt_tokens.
@@ -83,13 +89,56 @@ def load_policy(
     return model, tokenizer
 
 
+def _load_adapted(folder: str, *, device: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """(model, tokenizer) of a saved LoRA adapter: its base (float32) with the adapter merged, and the tokenizer
+    saved beside the adapter."""
+    from pivotrl.modeling.lora import INSTALL, adapter_base, load_merged, peft_installed
+
+    if not peft_installed():
+        raise ValueError(f"model {folder!r} is a LoRA adapter, and loading one needs peft: {INSTALL}")
+    base = adapter_base(folder)
+    try:
+        model = load_policy(base, device=device)[0]
+    except ValueError as err:
+        raise ValueError(f"model {folder!r} is a LoRA adapter whose base model (base_model_name_or_path in its "
+                         f"adapter_config.json) does not load: {err}") from None
+    tokenizer = load_tokenizer(folder)
+    try:
+        model = load_merged(folder, model)
+    except ValueError as err:
+        raise ValueError(f"model {folder!r}: {err}") from None
+    return model, tokenizer
+
+
+def model_location(name_or_path: str) -> str:
+    """Where load_policy reads a model from: a shipped tiny policy's folder, the cached folder of a GGUF model
+    or a warm start, a run folder's newest checkpoint, a model folder (absolute paths), or a hub id as given.
+    ValueError for 'tiny-random', which is built, not read."""
+    from pivotrl.modeling.gguf import resolve_gguf
+    from pivotrl.modeling.tiny import TINY_MODELS, tiny_policy_path
+    from pivotrl.modeling.warm_names import resolve_warm_start
+
+    if name_or_path == "tiny-random":
+        raise ValueError("model 'tiny-random' is built at run time from model.arch and train.seed: no folder holds it")
+    if name_or_path in TINY_MODELS:
+        return str(tiny_policy_path(name_or_path).resolve())
+    found = model_in_folder(resolve_gguf(resolve_warm_start(name_or_path)))
+    return str(Path(found).resolve()) if Path(found).is_dir() else found
+
+
+def _holds_model(folder: Path) -> bool:
+    """Whether `folder` holds a model: a full one (config.json) or a LoRA adapter (adapter_config.json)."""
+    return (folder / "config.json").is_file() or (folder / "adapter_config.json").is_file()
+
+
 def model_in_folder(name_or_path: str) -> str:
-    """The model a local folder holds: the folder itself, or for a training run's folder (which holds
-    checkpoints/step-N, not a model) its newest checkpoint. ValueError for a folder with neither."""
+    """The model a local folder holds: the folder itself (a model, or a LoRA adapter), or for a training run's
+    folder (which holds checkpoints/step-N, not a model) its newest checkpoint. ValueError for a folder with
+    neither."""
     folder = Path(name_or_path)
-    if not folder.is_dir() or (folder / "config.json").is_file():
+    if not folder.is_dir() or _holds_model(folder):
         return name_or_path
-    steps = sorted(p for p in (folder / "checkpoints").glob("step-*") if (p / "config.json").is_file())
+    steps = sorted(p for p in (folder / "checkpoints").glob("step-*") if _holds_model(p))
     if steps:
         return str(steps[-1])
     raise ValueError(f"model {name_or_path!r} is a folder without a model (no config.json) and without "

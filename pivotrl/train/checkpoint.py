@@ -1,10 +1,11 @@
 """Atomic checkpoints: written to a temporary folder, then renamed into place.
 
-checkpoints/step-000040/ holds the model and tokenizer (save_pretrained, safetensors)
-and the trainer state: optimizer, every RNG state, step and data position, as
-trainer_state.json (numbers, strings, lists) plus trainer_state.safetensors (its
-tensors). Neither format can run code when read, so a checkpoint from anyone is
-safe to resume from. A folder named step-* is complete by construction (rename is
+checkpoints/step-000040/ holds the model and tokenizer (save_pretrained, safetensors;
+for a LoRA run the adapter instead of the model: adapter_config.json, naming the base
+model's folder, and adapter_model.safetensors, modeling/lora.py) and the trainer state:
+optimizer, every RNG state, step and data position, as trainer_state.json (numbers,
+strings, lists) plus trainer_state.safetensors (its tensors). Neither format can run
+code when read, so a checkpoint from anyone is safe to resume from. A folder named step-* is complete by construction (rename is
 atomic), so a run killed at any instant leaves every finished checkpoint intact.
 
 Checkpoints written before this format hold a pickled trainer_state.pt; it is read
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 
 from pivotrl.errors import CheckpointError
+from pivotrl.modeling.lora import ADAPTER_WEIGHTS, load_adapter_weights, save_adapter
 from pivotrl.modeling.prompt_form import save_prompt_form
 
 PREFIX = "step-"
@@ -178,15 +180,16 @@ def _load_json_state(path: Path) -> dict[str, Any]:
     return state
 
 
-def check_model_file(path: Path) -> None:
-    """CheckpointError unless path/model.safetensors is present and complete.
+def check_model_file(path: Path, name: str = MODEL_FILE) -> None:
+    """CheckpointError unless path/`name` (model.safetensors, or a LoRA run's adapter_model.safetensors)
+    is present and complete.
 
     safetensors checks on opening that the header parses and that the tensors it
     lists cover the file exactly, so a truncated file is caught without reading it.
     """
     from safetensors import safe_open
 
-    model_file = path / MODEL_FILE
+    model_file = path / name
     if not model_file.is_file():
         raise CheckpointError(f"{model_file}: missing")
     try:
@@ -202,8 +205,9 @@ def first_line(err: BaseException) -> str:
 
 
 def save_checkpoint(root: Path, step: int, *, model: Any, tokenizer: Any, state: dict[str, Any], keep: int,
-                    chat: bool = False) -> Path:
-    """Write checkpoint `step` atomically and keep only the newest `keep`."""
+                    chat: bool = False, lora: Any = None) -> Path:
+    """Write checkpoint `step` atomically and keep only the newest `keep`; `lora`: a LoRA run's PeftModel,
+    whose adapter is saved instead of the model's weights."""
     root.mkdir(parents=True, exist_ok=True)
     final = checkpoint_dir(root, step)
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
@@ -212,7 +216,10 @@ def save_checkpoint(root: Path, step: int, *, model: Any, tokenizer: Any, state:
     from pivotrl.modeling.quiet import quiet_loading
 
     with quiet_loading():  # no "Writing model shards" bar in the trainer's output
-        model.save_pretrained(tmp, safe_serialization=True)
+        if lora is not None:
+            save_adapter(lora, tmp)
+        else:
+            model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         save_prompt_form(tmp, chat)
     save_state(tmp, state)
@@ -264,9 +271,19 @@ def load_weights(path: Path, like: torch.nn.Module) -> torch.nn.Module:
     return model.to(device)
 
 
-def newest_intact(root: Path, like: torch.nn.Module,
-                  warn: Callable[[str], None]) -> tuple[Path, dict[str, Any], torch.nn.Module] | None:
+def load_adapter(path: Path, lora: Any) -> None:
+    """Set the adapter of a LoRA run's PeftModel to the one checkpoint `path` holds (safetensors only)."""
+    try:
+        load_adapter_weights(lora, path)
+    except ValueError as err:
+        raise CheckpointError(f"{path}: cannot load the LoRA adapter ({err})") from None
+
+
+def newest_intact(root: Path, like: torch.nn.Module, warn: Callable[[str], None],
+                  lora: Any = None) -> tuple[Path, dict[str, Any], torch.nn.Module] | None:
     """(path, trainer state, model) of the newest intact checkpoint under `root`, or None if there is none.
+    For a LoRA run (`lora`: its PeftModel around `like`) the checkpoint's adapter is loaded into `lora`,
+    and the model returned is `like`.
 
     A damaged or unsafe checkpoint is skipped with a warning that names it, and set aside
     (renamed step-N.damaged, which nothing loads or rotates) once an older one is usable.
@@ -275,9 +292,13 @@ def newest_intact(root: Path, like: torch.nn.Module,
     unusable: list[tuple[Path, str]] = []
     for path in reversed(list_checkpoints(root)):
         try:
-            check_model_file(path)
+            check_model_file(path, MODEL_FILE if lora is None else ADAPTER_WEIGHTS)
             state = load_state(path)
-            model = load_weights(path, like)
+            if lora is None:
+                model = load_weights(path, like)
+            else:
+                load_adapter(path, lora)
+                model = like
         except CheckpointError as err:
             unusable.append((path, str(err)))
             continue

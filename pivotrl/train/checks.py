@@ -5,11 +5,11 @@
 - :func:`check_algorithm`: the estimator, policy loss and aggregation exist, their
   hyperparameters are valid, and what they read can be provided (a reference model, branches).
 - :func:`check_config`: the device exists on this machine, vLLM is installed where
-  rollout.engine=vllm, the task and its options exist (with
-  the did-you-mean hint), and no setting makes the run degenerate: sampling at temperature 0 with
-  several responses per prompt gives every response of a group the same text, hence equal rewards
-  and all-zero advantages (nothing is learned), and k greedy evaluation samples are k copies of
-  one. Both are refused. A model.arch next to a model that brings its own architecture is warned
+  rollout.engine=vllm, peft where model.lora is set (on a base model a folder holds), the task
+  and its options exist (with the did-you-mean hint), and no setting makes the run degenerate:
+  sampling at temperature 0 with several responses per prompt gives every response of a group
+  the same text, hence equal rewards and all-zero advantages (nothing is learned), and k greedy
+  evaluation samples are k copies of one. Both are refused. A model.arch next to a model that brings its own architecture is warned
   about (it is ignored).
 - :func:`check_group_size`: a group of one response is refused where nothing could be learned,
   and warned about otherwise.
@@ -77,6 +77,7 @@ def check_config(config: RunConfig) -> list[str]:
         warnings.append(f"model.dtype={config.model.dtype} on a CPU without AVX512-BF16 or AMX: its matmuls are "
                         "emulated, about 15x slower than float32 on an AVX2-only CPU (docs/PERFORMANCE.md); "
                         "model.dtype=float32 is faster on this machine")
+    _check_lora(config)
     if config.model.arch and config.model.name_or_path != "tiny-random":
         warnings.append(f"model.arch is ignored: it shapes a fresh model (model.name_or_path=tiny-random), and "
                         f"{config.model.name_or_path!r} brings its own architecture")
@@ -95,6 +96,21 @@ def check_config(config: RunConfig) -> list[str]:
             "problem would be copies of one (pass@k = pass@1); set eval.samples_per_problem=1 or "
             "eval.temperature > 0")
     return warnings
+
+
+def _check_lora(config: RunConfig) -> None:
+    """ConfigError when model.lora is set and cannot work here: peft missing, or a base model that no folder
+    holds (a checkpoint's adapter names its base by path)."""
+    if config.model.lora is None:
+        return
+    from pivotrl.modeling.lora import INSTALL, peft_installed
+
+    if not peft_installed():
+        raise ConfigError(f"model.lora needs peft: {INSTALL}")
+    if config.model.name_or_path == "tiny-random":
+        raise ConfigError("model.lora with model.name_or_path=tiny-random: a LoRA checkpoint names its base model by "
+                          "its folder, and tiny-random is built at run time; use tiny (or another model folder), "
+                          "or unset model.lora")
 
 
 def check_algorithm(config: RunConfig) -> tuple[frozenset[str], frozenset[str]]:

@@ -21,6 +21,20 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
 
+class LoRAConfig(Section):
+    """LoRA for the RL update (peft): only the adapter's parameters train; the reference policy is the base,
+    the adapter switched off (docs/USAGE.md, "LoRA")."""
+
+    r: int = Field(16, ge=1)
+    """Rank of each adapter: the update of a weight W (out x in) is s·B A, B out x r, A r x in."""
+    alpha: float = Field(32.0, gt=0)
+    """Scale of the adapter's output: s = alpha / r."""
+    target_modules: str | Annotated[list[str], Field(min_length=1)] = "all-linear"
+    """Which linear layers get an adapter: 'all-linear' (every linear layer of the decoder; never the LM head) or their names as peft matches them ([q_proj, v_proj], ...)."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input in the training forwards (ℓ^old and the update's); the engines sample without it, so above 0 it widens rollout/logprob_diff."""
+
+
 class ModelConfig(Section):
     name_or_path: str = "tiny"
     """'tiny' (the shipped countdown policy), 'tiny-search' (the shipped countdown_search policy), 'tiny-free' (the shipped countdown_free policy), 'tiny-random' (a fresh tiny model, for tests), or a local path / hub id."""
@@ -31,13 +45,15 @@ class ModelConfig(Section):
     chat_template: bool | None = None
     """Render prompts with the tokenizer's chat template (true) or the task's plain template (false); None: the form the model was trained in, where pivotrl recorded it (a warm start, a run's checkpoint: modeling/prompt_form.py), else plain."""
     ref_model: str | None = None
-    """Reference model: None = the policy's initial weights (kept only when a method needs it), 'none' = no reference model, or a path."""
+    """Reference model: None = the policy's initial weights (kept only when a method needs it; with model.lora the base, the adapter switched off, no copy), 'none' = no reference model, or a path."""
     arch: dict[str, int] = Field(default_factory=dict)
     """Overrides of the tiny architecture for 'tiny-random' (hidden_size, num_hidden_layers, ...)."""
     logprob_chunk_size: int = Field(1024, ge=1)
     """Positions per chunk when computing log-probs and entropies through the LM head."""
     gradient_checkpointing: bool = False
     """Trade compute for memory in the policy's backward (large models)."""
+    lora: LoRAConfig | None = None
+    """Train a LoRA adapter instead of every weight ({r: 8}, ...; null: every weight trains). Needs peft and a base model a checkpoint can name (not tiny-random)."""
 
 
 class TaskConfig(Section):

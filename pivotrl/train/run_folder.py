@@ -21,8 +21,10 @@ from pivotrl.train.config import (
 
 #: What a run leaves in its folder; any of them means the folder holds a run.
 RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints", "eval")
-#: What a saved model (pretrain's output, a shipped policy) holds; any of them means the folder holds one.
-MODEL_FILES = ("config.json", "model.safetensors", "pretrain.json", "tokenizer.json")
+#: What a saved model (pretrain's output, a shipped policy, an export, a LoRA adapter) holds; any of them means
+#: the folder holds one.
+MODEL_FILES = ("config.json", "model.safetensors", "pretrain.json", "tokenizer.json", "adapter_config.json",
+               "adapter_model.safetensors")
 #: Where the shipped policies live (pivotrl/assets/<name>).
 SHIPPED_MODELS = Path(__file__).resolve().parent.parent / "assets"
 #: The lock file of a folder being written (see FolderLock).

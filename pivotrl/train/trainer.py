@@ -4,7 +4,7 @@ One step, top to bottom (Trainer.train_step), each phase timed as `time/<phase>_
   1. rollout: sample G responses for each of P prompts (DAPO dynamic sampling optionally
      refills groups whose rewards are all equal) and score them with the task's verifier;
   2. forward: one forward of the policy (old log-probs, entropies) and, when the method
-     needs it, of the frozen reference model;
+     needs it, of the frozen reference model (with model.lora: the policy with its adapter off);
   3. branch (rollout.branch.pivots > 0): K continuations before each response's pivots,
      whose mean reward is V̂ there (pivot_mc);
   4. estimator: rewards -> token advantages (N,T);
@@ -37,7 +37,14 @@ from pivotrl.algorithms import (
 )
 from pivotrl.errors import ConfigError, TrainingAborted, TrainingInterrupted
 from pivotrl.evaluation import evaluate_policy
-from pivotrl.modeling.policy import compute_precision, describe, frozen_copy, load_policy
+from pivotrl.modeling.lora import add_lora
+from pivotrl.modeling.policy import (
+    compute_precision,
+    describe,
+    frozen_copy,
+    load_policy,
+    model_location,
+)
 from pivotrl.modeling.prompt_form import prompt_form
 from pivotrl.progress import TrainProgress, heldout_table, task_counts
 from pivotrl.rollout import Rollout, make_engine
@@ -110,12 +117,15 @@ class Trainer:
         # float32 weights whatever model.dtype: the master copy AdamW updates (docs/PERFORMANCE.md, "bfloat16")
         self.model, self.tokenizer = load_policy(cfg.model.name_or_path, device=cfg.model.device,
                                                  seed=cfg.train.seed, arch=cfg.model.arch)
+        #: with model.lora, peft's PeftModel around self.model (which keeps its LoRA layers injected): the handle
+        #: that switches the adapter off and saves it; None when every weight trains
+        self.lora = self._add_lora(cfg) if cfg.model.lora is not None else None
         self.chat = prompt_form(cfg.model.name_or_path, cfg.model.chat_template)
         #: cfg.rollout with its max_new_tokens resolved (None: the task's limit for this tokenizer)
         self.rollout_config = cfg.rollout.model_copy(
             update={"max_new_tokens": cfg.rollout.max_new_tokens or self.task.response_limit(self.tokenizer)})
-        self.ref = None
-        if self.checks.needs_ref:
+        self.ref = None  # with model.lora and no model.ref_model: the base, the adapter switched off (no copy)
+        if self.checks.needs_ref and (cfg.model.ref_model is not None or self.lora is None):
             ref = self.model if cfg.model.ref_model is None else load_policy(
                 cfg.model.ref_model, device=cfg.model.device)[0]
             self.ref = frozen_copy(ref)
@@ -126,7 +136,7 @@ class Trainer:
         self.before: dict[str, Any] | None = None
         resume_from = None
         if resume:
-            resume_from = ckpt.newest_intact(self.out / "checkpoints", self.model, self._warn)
+            resume_from = ckpt.newest_intact(self.out / "checkpoints", self.model, self._warn, lora=self.lora)
             if resume_from is not None:
                 self.model = resume_from[2]
         self.model.train()
@@ -141,7 +151,8 @@ class Trainer:
         self.device = next(self.model.parameters()).device
         self.sampler_check = SamplerCheck(sampler_bound(cfg.rollout.max_logprob_diff, cfg.model.dtype),
                                           cfg.rollout.logprob_diff_patience)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr, betas=cfg.train.adam_betas,
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # with model.lora: the adapter's
+        self.optimizer = torch.optim.AdamW(trainable, lr=cfg.train.lr, betas=cfg.train.adam_betas,
                                            weight_decay=cfg.train.weight_decay)
         if resume_from is not None:
             self._load_state(resume_from[0], resume_from[1])
@@ -160,6 +171,15 @@ class Trainer:
         self.logger = MetricsLogger(self.out, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb,
                                     mlflow=cfg.log.mlflow, config=cfg.model_dump(mode="json"),
                                     run_name=self.out.name)
+
+    def _add_lora(self, cfg: RunConfig) -> Any:
+        """model.lora's adapter injected into self.model, its initial draws seeded from train.seed; the PeftModel."""
+        lc = cfg.model.lora
+        try:
+            return add_lora(self.model, r=lc.r, alpha=lc.alpha, target_modules=lc.target_modules, dropout=lc.dropout,
+                            seed=cfg.train.seed, base_path=model_location(cfg.model.name_or_path))
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
     def _warn(self, message: str) -> None:
         self.console.print(f"[yellow]warning:[/] {message}", soft_wrap=True)
@@ -271,7 +291,7 @@ class Trainer:
         """The TokenBatch of a scored rollout (ℓ^ref when the method reads it; ℓ^old and H always; the task's
         marks), and the single forward's (ℓ^θ, H^θ) with their graph when one forward serves the update too."""
         device = rollout.response_ids.device
-        ref_lp = self._forward_all_no_grad(self.ref, rollout, entropies=False)[0] if self.checks.needs_ref else None
+        ref_lp = self.reference_logprobs(rollout) if self.checks.needs_ref else None
         kept = self._forward(self.model, rollout) if self._single_forward(rollout.response_ids.shape[0]) else None
         if kept is not None:
             old_lp, entropies = kept[0].detach(), kept[1].detach()
@@ -280,6 +300,14 @@ class Trainer:
         batch = TokenBatch(rewards.to(device), rollout.group_index.to(device), rollout.response_mask, old_lp,
                            ref_logprobs=ref_lp, entropies=entropies, **marks)
         return batch, kept
+
+    def reference_logprobs(self, rollout: Rollout) -> torch.Tensor:
+        """ℓ^ref of every response: the reference model's, or with model.lora (and no model.ref_model) the
+        policy's with its adapter switched off, i.e. the base model's."""
+        if self.ref is not None:
+            return self._forward_all_no_grad(self.ref, rollout, entropies=False)[0]
+        with self.lora.disable_adapter():
+            return self._forward_all_no_grad(self.model, rollout, entropies=False)[0]
 
     def branch(self, rollout: Rollout, batch: TokenBatch, problems: list) -> tuple[Rollout, TokenBatch, dict]:
         """Phase 3 (train/branches.py): pivot_values, and with train_on_branches the branches as rows."""
@@ -335,7 +363,7 @@ class Trainer:
             "sampler_streak": self.sampler_check.streak,
         }
         return ckpt.save_checkpoint(self.out / "checkpoints", self.step, model=self.model, tokenizer=self.tokenizer,
-                                    state=state, keep=self.config.checkpoint.keep, chat=self.chat)
+                                    state=state, keep=self.config.checkpoint.keep, chat=self.chat, lora=self.lora)
 
     def _load_state(self, path: Path, state: dict[str, Any]) -> None:
         try:
@@ -353,9 +381,14 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------
     def _compute_note(self) -> str:
-        """', bfloat16 compute' where the forwards run in another dtype than the float32 master weights."""
+        """', bfloat16 compute' where the forwards run in another dtype than the float32 master weights;
+        ', LoRA r=8 (0.08 M trainable)' with model.lora."""
         weights = str(next(self.model.parameters()).dtype).removeprefix("torch.")
-        return "" if self.config.model.dtype == weights else f", {self.config.model.dtype} compute"
+        note = "" if self.config.model.dtype == weights else f", {self.config.model.dtype} compute"
+        if self.lora is not None:
+            trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+            note += f", LoRA r={self.config.model.lora.r} ({trainable / 1e6:.2f} M trainable)"
+        return note
 
     def run(self) -> dict[str, Any]:
         """Train to train.max_steps (evaluating and checkpointing on the way); returns the summary.

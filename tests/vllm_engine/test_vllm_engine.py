@@ -13,6 +13,7 @@ import json
 import pytest
 import torch
 from cli_helpers import assert_user_error, pivotrl
+from safetensors.torch import load_file
 
 from pivotrl.modeling.policy import load_policy
 from pivotrl.rollout.forward import response_logprobs_no_grad
@@ -65,6 +66,46 @@ def test_the_weight_push_is_followed(dtype: str, noise: float, prompts: list[str
     pushed = gap(engine, sample(engine, prompts))
     assert stale > 10 * noise, f"the update did not move the policy enough to see the push ({stale:.3g})"
     assert pushed < noise, f"after the push: {pushed:.3g}; stale engine: {stale:.3g}"
+
+
+def test_a_lora_policy_is_pushed_merged_and_the_push_is_followed(prompts: list[str]) -> None:
+    """vLLM gets W + alpha/r·B A under the plain names; after an update of the adapter alone its samples follow
+    the adapted policy (ℓ^old: the trainer's forward through peft's LoRA layers) once pushed, and the push
+    never touches the base weights."""
+    pytest.importorskip("peft")
+    from pivotrl.modeling.lora import add_lora
+
+    model, tokenizer = load_policy("tiny", device="cpu")
+    add_lora(model, r=8, alpha=32, target_modules="all-linear", dropout=0.0, seed=0)
+    base = {name: p.detach().clone() for name, p in model.named_parameters() if ".base_layer." in name}
+    engine = VLLMEngine(model, tokenizer, seed=0)
+    assert gap(engine, sample(engine, prompts)) < FP32_NOISE
+
+    torch.manual_seed(1)
+    with torch.no_grad():  # an update of the adapter only
+        for name, p in model.named_parameters():
+            if ".lora_" in name:
+                p.add_(0.05 * torch.randn_like(p))
+    stale = gap(engine, sample(engine, prompts))
+    engine.sync_weights()
+    pushed = gap(engine, sample(engine, prompts))
+    assert stale > 10 * FP32_NOISE, f"the adapter's update did not move the policy enough to see the push ({stale:.3g})"
+    assert pushed < FP32_NOISE, f"after the push: {pushed:.3g}; stale engine: {stale:.3g}"
+    engine.sync_weights()
+    assert all(torch.equal(p, base[name]) for name, p in model.named_parameters() if name in base)
+
+
+def test_a_lora_run_on_vllm_passes_the_sampler_check_every_step(tmp_path) -> None:
+    pytest.importorskip("peft")
+    out = tmp_path / "run"
+    done = pivotrl("train", "--config", "quick", "-o", str(out), "rollout.engine=vllm", "model.lora.r=8",
+                   "train.lr=2e-3", "train.max_steps=3", "eval.num_problems=16", timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    diffs = [s["rollout/logprob_diff"] for s in steps if "rollout/logprob_diff" in s]
+    assert len(diffs) == 3 and max(diffs) < FP32_NOISE, diffs
+    adapter = load_file(str(out / "checkpoints" / "step-000003" / "adapter_model.safetensors"))
+    assert max(float(t.abs().max()) for name, t in adapter.items() if "lora_B" in name) > 0  # the adapter moved
 
 
 def test_the_rollout_is_what_the_engine_drew(prompts: list[str]) -> None:
