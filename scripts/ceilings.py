@@ -12,7 +12,8 @@ mean credit/free_share, and with --ceiling the share of the ceiling's gain each 
 the ceiling's interval stands above 0),
 dynamics.md (per method, the mean over seeds of the first and the last five steps' generated tokens, response length, token
 entropy, the decisive tokens' entropy and the share of tokens free where the task marks them, and the share of
-groups whose rewards all agree), summary.json (both, as numbers), accuracy.png (held-out accuracy over training, mean over seeds)
+groups whose rewards all agree), summary.json (both, as numbers), accuracy.png (held-out accuracy over training, mean over
+seeds with their range as a band; beside it, where the runs log it, the accuracy of every sampled response over training)
 and, when the runs log free vs decisive entropy, entropy.png.
 """
 
@@ -159,16 +160,36 @@ def markdown(rows: dict[str, dict], baseline: str, ceiling: str | None) -> str:
 
 
 def plot_accuracy(runs: dict[str, list[RunRecord]], path: Path, title: str) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    for label, rs in runs.items():
+    """Held-out accuracy at each evaluation (mean over seeds, the band their range), and where the runs log it,
+    the accuracy over every sampled response (`rollout/sampled_accuracy`, dynamic sampling) over training,
+    a 5-step running mean (mean over seeds, the band their range)."""
+    sampled = any(r.series("rollout/sampled_accuracy")[1] for rs in runs.values() for r in rs)
+    fig, axes = plt.subplots(1, 2 if sampled else 1, figsize=(12 if sampled else 7, 4.2), dpi=120, squeeze=False)
+    held, train = axes[0][0], axes[0][-1]
+    for i, (label, rs) in enumerate(runs.items()):
+        colour = f"C{i}"
         steps = sorted(set.intersection(*[set(r.evals) for r in rs]))
-        means = [statistics.fmean(r.evals[s]["accuracy"] for r in rs) for s in steps]
-        ax.plot(steps, means, marker="o", markersize=3, label=f"{label} ({len(rs)} seeds)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("held-out accuracy (mean over seeds)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+        values = [[r.evals[s]["accuracy"] for r in rs] for s in steps]
+        held.plot(steps, [statistics.fmean(v) for v in values], marker="o", markersize=3, color=colour,
+                  label=f"{label} ({len(rs)} seeds)")
+        held.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=colour, alpha=0.15)
+        if sampled:
+            series = [dict(zip(*r.series("rollout/sampled_accuracy"), strict=True)) for r in rs]
+            common = sorted(set.intersection(*[set(x) for x in series]))
+            smooth = [[statistics.fmean(x[t] for t in common[max(0, k - 4): k + 1]) for k in range(len(common))]
+                      for x in series]
+            train.plot(common, [statistics.fmean(col) for col in zip(*smooth, strict=True)], color=colour, label=label)
+            train.fill_between(common, [min(col) for col in zip(*smooth, strict=True)],
+                               [max(col) for col in zip(*smooth, strict=True)], color=colour, alpha=0.15)
+    held.set_ylabel("held-out accuracy (mean over seeds; band: their range)")
+    held.set_title(title, fontsize=10)
+    if sampled:
+        train.set_ylabel("accuracy of all sampled responses (5-step mean)")
+        train.set_title("training: every response sampled, dynamic sampling's refills included", fontsize=10)
+    for ax in axes[0]:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
