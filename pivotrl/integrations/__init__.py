@@ -7,7 +7,9 @@
   registries, and ``pivotrl_<mode>`` v1 trainers that hand the estimators the rollout
   entropies and log-probs (extra ``verl``); with it, ``pivotrl.integrations.verl_cpu``, the CPU
   platform verl lacks, so that verl's own trainer runs where there is no accelerator
-  (``pivotrl.integrations.import_hooks`` applies its changes when verl imports the modules).
+  (``pivotrl.integrations.import_hooks`` applies its changes when verl imports the modules), and
+  ``pivotrl.integrations.verl_cluster``, which checks at start-up that every node of the Ray
+  cluster loads the plugin.
 
 Neither submodule is imported here: each needs its engine installed.
 See docs/INTEGRATIONS.md.
