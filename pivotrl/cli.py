@@ -414,7 +414,7 @@ def credit(
     ablations: Annotated[bool, typer.Option("--ablations", help="Also score ERPO's ablations")] = False,
     temperature: Annotated[float, typer.Option(help="Sampling temperature (the training temperature)")] = 1.0,
     max_new_tokens: Annotated[int | None, typer.Option(min=1, help="Longest response (default: the task's for the model's tokenizer: Task.response_limit)")] = None,
-    batch_size: Annotated[int, typer.Option(min=1, help="Continuation rows per generate call")] = 4096,
+    batch_size: Annotated[int | None, typer.Option(min=1, help="Continuation rows per generate call (default: as many as 2 GiB of key-value cache holds, at most 4096)")] = None,
     bootstrap: Annotated[int, typer.Option(min=1, help="Bootstrap resamples for the 95% intervals")] = 1000,
     html_estimators: Annotated[str, typer.Option(help="Comma-separated estimators shown in tokens.html")] = "grpo,erpo",
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
@@ -441,7 +441,7 @@ def credit(
     with user_errors():
         the_task = get_task(task)
         check_options(group_size=group_size, k=k, max_new_tokens=max_new_tokens or 1, temperature=temperature,
-                      positions_per_decile=positions, ablations=ablations, batch_rows=batch_size,
+                      positions_per_decile=positions, ablations=ablations, batch_rows=1 if batch_size is None else batch_size,
                       bootstrap=bootstrap, html_estimators=shown)
         with _side_run("credit", ctx, output_dir, the_task, num_problems, model, ref, engine, dtype) as (
                 phases, problems, policy, tokenizer, ref_model, rollout_engine):

@@ -435,3 +435,21 @@ def test_pivot_mc_is_scored_and_its_credit_lands_on_the_deciding_tokens_segment(
     mean_abs = {t: sum(v) / len(v) for t, v in by_t.items()}
     assert max(mean_abs, key=mean_abs.get) == DECISIVE or mean_abs[DECISIVE] == pytest.approx(max(mean_abs.values()))
     assert mean_abs[DECISIVE] > 2 * max(mean_abs[0], mean_abs[max(mean_abs)])
+
+
+def test_the_default_batch_holds_the_key_value_cache_it_measures() -> None:
+    from pivotrl.analysis.credit import MOST_BATCH_ROWS, rows_that_fit
+
+    config = LlamaConfig(vocab_size=50, hidden_size=48, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=6, num_key_value_heads=2)
+    model = LlamaForCausalLM(config).eval()
+    rows, length = 3, 7
+    with torch.no_grad():
+        cache = model(torch.zeros(rows, length, dtype=torch.long), use_cache=True).past_key_values
+    layers = [cache.layers[i] for i in range(config.num_hidden_layers)]
+    measured = sum(t.numel() * t.element_size() for layer in layers for t in (layer.keys, layer.values))
+    per_row = measured // rows
+    assert rows_that_fit(model, length, budget_bytes=5 * per_row) == 5
+    assert rows_that_fit(model, length, budget_bytes=5 * per_row - 1) == 4
+    assert rows_that_fit(model, length, budget_bytes=1) == 1
+    assert rows_that_fit(model, length, budget_bytes=10**15) == MOST_BATCH_ROWS

@@ -78,6 +78,22 @@ def estimator_advantages(batch: TokenBatch, ablations: bool = False) -> dict[str
 
 # -- the whole measurement ----------------------------------------------------------------------------
 
+#: The key-value cache one generate call of the continuations may hold, and its most rows.
+CACHE_BUDGET_BYTES = 2 * 2**30
+MOST_BATCH_ROWS = 4096
+
+
+def rows_that_fit(model: torch.nn.Module, sequence_length: int, budget_bytes: int = CACHE_BUDGET_BYTES) -> int:
+    """Continuation rows per generate call whose key-value cache over `sequence_length` tokens fits
+    `budget_bytes`, at most MOST_BATCH_ROWS (SmolLM2-135M in float32 caches 45 KiB a token: 4096 rows
+    of its countdown prompts and responses overran 24 GiB, 256 did not)."""
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    element = next(model.parameters()).element_size()
+    per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * element
+    return max(1, min(MOST_BATCH_ROWS, budget_bytes // (per_token * sequence_length)))
+
 
 def check_options(*, group_size: int, k: int, max_new_tokens: int, temperature: float,
                   positions_per_decile: int | None, ablations: bool, batch_rows: int, bootstrap: int,
@@ -102,19 +118,20 @@ def run_credit(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine, ta
                ref_model: torch.nn.Module | None = None, ref_name: str | None = None, group_size: int = 8,
                k: int = 32, max_new_tokens: int = 34, temperature: float = 1.0,
                positions_per_decile: int | None = None, ablations: bool = False, seed: int = 0,
-               batch_rows: int = 4096, bootstrap: int = 1000, html_estimators: tuple[str, ...] = ("grpo", "erpo"),
+               batch_rows: int | None = None, bootstrap: int = 1000, html_estimators: tuple[str, ...] = ("grpo", "erpo"),
                pivots: int = 2, branches: int = 4, spacing: int = 4, phases: Phases | None = None) -> dict[str, Any]:
     """Sample, estimate A*, score every estimator against it; write credit.json, report.md, plots, tokens.html.
 
     pivot_mc's branches (`pivots` per response, `branches` each, `spacing` apart) are sampled with
     their own generator, independently of the K continuations that estimate A*.
 
+    `batch_rows` continuation rows go to each generate call (default: `rows_that_fit`).
     `phases` shows the progress of each phase and logs its seconds (default: nothing shown).
     Returns the content of credit.json.
     """
     phases = phases or Phases()
     check_options(group_size=group_size, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
-                  positions_per_decile=positions_per_decile, ablations=ablations, batch_rows=batch_rows,
+                  positions_per_decile=positions_per_decile, ablations=ablations, batch_rows=1 if batch_rows is None else batch_rows,
                   bootstrap=bootstrap, html_estimators=html_estimators)
     if not problems:
         raise ValueError("no problems to sample")
@@ -158,6 +175,8 @@ def run_credit(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine, ta
     positions = select_positions(mask, deciles, positions_per_decile, generator)
     clock["sampled"] = time.perf_counter()
     needed = needed_values(positions, mask.shape[1], mask.shape[0])
+    if batch_rows is None:
+        batch_rows = rows_that_fit(model, rollout.prompt_ids.shape[1] + max_new_tokens)
     with phases.phase(f"continuations (K={k})", unit="rows") as update:
         table = estimate_values(engine, rollout, rewards, score, needed, k=k, max_new_tokens=max_new_tokens,
                                 temperature=temperature, batch_rows=batch_rows, generator=generator,
