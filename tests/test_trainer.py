@@ -248,6 +248,32 @@ def test_every_seed_starts_from_the_same_heldout_evaluation(tmp_path: Path) -> N
     for seed, method in ((0, "grpo"), (5, "erpo")):
         out = tmp_path / f"seed{seed}"
         Trainer(smoke(out, f"train.seed={seed}", f"algorithm.estimator={method}", "train.max_steps=0",
-                      "eval.num_problems=16", "model.name_or_path=tiny", "task.options={num_numbers: 3}")).run()
+                      "eval.num_problems=16", "model.name_or_path=tiny", "task.options={num_numbers: 3}",
+                      "eval.reuse_before=false")).run()
         samples.append((out / "eval" / "step-000000_samples.jsonl").read_text())
     assert samples[0] == samples[1] and samples[0]
+
+
+def test_a_run_reuses_the_evaluation_before_that_another_run_drew(tmp_path: Path, capsys) -> None:
+    """The second seed's 'before' comes from the cache, equals what it would draw itself, and a changed
+    setting or other weights draw afresh (train/before_cache.py)."""
+    base = ("train.max_steps=0", "eval.num_problems=16", "model.name_or_path=tiny", "task.options={num_numbers: 3}",
+            "log.progress=false")
+
+    def before(name: str, *overrides: str) -> str:
+        Trainer(smoke(tmp_path / name, *base, *overrides)).run()
+        return (tmp_path / name / "eval" / "step-000000_samples.jsonl").read_text()
+
+    first = before("first", "train.seed=0", "eval.temperature=0.9")
+    assert "the same as" not in capsys.readouterr().out
+    reused = before("reused", "train.seed=3", "algorithm.estimator=erpo", "eval.temperature=0.9")
+    assert "the same as" in capsys.readouterr().out
+    drawn = before("drawn", "train.seed=3", "algorithm.estimator=erpo", "eval.temperature=0.9",
+                   "eval.reuse_before=false")
+    assert reused == first == drawn
+    assert json.loads((tmp_path / "reused" / "summary.json").read_text())["heldout_accuracy_before"] == \
+        json.loads((tmp_path / "drawn" / "summary.json").read_text())["heldout_accuracy_before"]
+    hotter = before("hotter", "eval.temperature=1.1")
+    other_weights = before("other_weights", "eval.temperature=0.9", "model.name_or_path=tiny-free")
+    assert "the same as" not in capsys.readouterr().out
+    assert hotter != first and other_weights != first

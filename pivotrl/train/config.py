@@ -170,6 +170,9 @@ class EvalConfig(Section):
     """Longest response at evaluation (None: rollout.max_new_tokens)."""
     batch_size: int = Field(256, ge=1)
     """Responses generated at once during evaluation."""
+    reuse_before: bool = True
+    """Reuse the evaluation before training from a run that drew it already: same weights, prompts, settings,
+    engine, pivotrl source and library versions (train/before_cache.py; the cache: $PIVOTRL_EVAL_CACHE)."""
 
 
 class LogConfig(Section):

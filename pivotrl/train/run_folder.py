@@ -30,13 +30,14 @@ SHIPPED_MODELS = Path(__file__).resolve().parent.parent / "assets"
 #: The lock file of a folder being written (see FolderLock).
 LOCK_FILE = ".pivotrl.lock"
 #: Settings that `--resume` may change: where the run is, how long it goes on, how often it evaluates
-#: and saves, how it logs, and how many CPU threads it uses. Anything else would make the rest of the
-#: run another experiment than its start, so it is refused. ('log' stands for every log.* key.)
-SAFE_ON_RESUME = ("output_dir", "train.max_steps", "train.num_threads", "eval.every", "checkpoint.every",
-                  "checkpoint.keep", "log")
+#: and saves, how it logs, how many CPU threads it uses, and whether it may reuse an evaluation drawn
+#: before. Anything else would make the rest of the run another experiment than its start, so it is
+#: refused. ('log' stands for every log.* key.)
+SAFE_ON_RESUME = ("output_dir", "train.max_steps", "train.num_threads", "eval.every", "eval.reuse_before",
+                  "checkpoint.every", "checkpoint.keep", "log")
 #: Settings that do not change what a run computes or writes besides its logs; compare reuses a run
 #: only when its saved config equals the one it would launch except in these.
-NOT_IDENTITY = ("output_dir", "log")
+NOT_IDENTITY = ("output_dir", "eval.reuse_before", "log")
 
 
 def run_contents(folder: Path) -> list[str]:

@@ -52,8 +52,8 @@ from pivotrl.rollout.branching import Branches
 from pivotrl.rollout.forward import response_logprobs, response_logprobs_no_grad
 from pivotrl.rollout.marks import MARK_FIELDS, TokenPieces, rollout_marks
 from pivotrl.tasks import get_task
+from pivotrl.train import before_cache, run_folder
 from pivotrl.train import checkpoint as ckpt
-from pivotrl.train import run_folder
 from pivotrl.train.branches import branch_phase
 from pivotrl.train.checks import check_run
 from pivotrl.train.collect import Collected, collect
@@ -339,19 +339,36 @@ class Trainer:
         return metrics
 
     # -- evaluation and checkpoints -----------------------------------------------
-    def evaluate(self, tag: str, progress: TrainProgress | None = None) -> dict[str, Any]:
-        """Held-out evaluation of the current policy; writes eval/<tag>.json and eval/<tag>_samples.jsonl."""
+    def evaluate(self, tag: str, progress: TrainProgress | None = None, reuse: bool = False) -> dict[str, Any]:
+        """Held-out evaluation of the current policy; writes eval/<tag>.json and eval/<tag>_samples.jsonl.
+        With `reuse`, an identical evaluation another run drew is taken from the cache (train/before_cache.py)."""
         e, r = self.config.eval, self.rollout_config
         prompts = [self.eval_task.format_prompt(p, self.tokenizer, chat=self.chat) for p in self.eval_problems]
-        result = evaluate_policy(
-            self.engine, self.eval_task, self.eval_problems, prompts=prompts,
-            samples_per_problem=e.samples_per_problem, temperature=e.temperature,
-            max_new_tokens=e.max_new_tokens or r.max_new_tokens, batch_size=e.batch_size,
-            seed=EVAL_SEED, samples_path=self.out / "eval" / f"{tag}_samples.jsonl",
-            progress=progress.evaluation(tag) if progress else None,
-        )
+        sampling = {"samples_per_problem": e.samples_per_problem, "temperature": e.temperature,
+                    "max_new_tokens": e.max_new_tokens or r.max_new_tokens, "batch_size": e.batch_size}
+        samples_path = self.out / "eval" / f"{tag}_samples.jsonl"
+        key = self._evaluation_key(prompts, sampling) if reuse else None
+        stored = before_cache.load(key, samples_path) if key else None
+        if stored is not None:
+            result, folder = stored
+            self.console.print(f"held-out evaluation {tag}: the same as {folder} "
+                               "(eval.reuse_before=false computes it again)", soft_wrap=True)
+        else:
+            result = evaluate_policy(
+                self.engine, self.eval_task, self.eval_problems, prompts=prompts, **sampling,
+                seed=EVAL_SEED, samples_path=samples_path, progress=progress.evaluation(tag) if progress else None,
+            )
+            if key:
+                before_cache.store(key, result, samples_path)
         (self.out / "eval" / f"{tag}.json").write_text(json.dumps(result, indent=2))
         return result
+
+    def _evaluation_key(self, prompts: list[str], sampling: dict[str, Any]) -> str:
+        """The cache key of an evaluation of the current weights (train/before_cache.py)."""
+        r = self.rollout_config
+        settings = {**sampling, "seed": EVAL_SEED, "task": self.eval_task.name, "engine": r.engine, "top_p": r.top_p,
+                    "dtype": self.config.model.dtype, "device": str(self.device), "max_prompt_tokens": r.max_prompt_tokens}
+        return before_cache.evaluation_key(self.model, prompts, [p.answer for p in self.eval_problems], settings)
 
     def save(self) -> Path:
         """Checkpoint the current step atomically."""
@@ -410,7 +427,7 @@ class Trainer:
         try:
             with sigint_stops_after_step() as stop:
                 if cfg.eval.before_after and self.before is None:
-                    self.before = self.evaluate("step-000000", progress)
+                    self.before = self.evaluate("step-000000", progress, reuse=cfg.eval.reuse_before)
                     self.console.print(f"held-out accuracy before: {self.before['accuracy']:.3f}")
                 with progress:
                     progress.start(self.step)

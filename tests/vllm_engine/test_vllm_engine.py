@@ -138,7 +138,8 @@ def test_runs_of_other_seeds_and_methods_draw_the_same_heldout_samples_before(tm
     for seed, method in ((0, "grpo"), (1, "erpo")):
         out = tmp_path / f"seed{seed}"
         done = pivotrl("train", "--config", "quick", "-o", str(out), "rollout.engine=vllm", "train.max_steps=0",
-                       f"train.seed={seed}", f"algorithm.estimator={method}", "eval.num_problems=32", timeout=600)
+                       f"train.seed={seed}", f"algorithm.estimator={method}", "eval.num_problems=32",
+                       "eval.reuse_before=false", timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         samples.append((out / "eval" / "step-000000_samples.jsonl").read_text())
     assert samples[0] == samples[1] and samples[0]
