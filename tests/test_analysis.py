@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+from pivotrl.algorithms import estimator_requirements
 from pivotrl.analysis.compare import plan_runs, run_comparison
 from pivotrl.analysis.pivots import analyze_policy, flip_ratio_ci, paired_difference_ci
 from pivotrl.analysis.report import mean_ci95, write_report
@@ -18,6 +19,7 @@ from pivotrl.analysis.runs import read_run
 from pivotrl.modeling.policy import load_policy
 from pivotrl.rollout import make_engine
 from pivotrl.tasks import get_task
+from pivotrl.train.config import load_config
 from pivotrl.train.recipes import recipe_path
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
@@ -80,6 +82,16 @@ def test_plan_and_ablation() -> None:
     assert {label for label, _, _ in plan} == {"grpo", "erpo:full", "erpo:no_gate", "erpo:no_buckets", "erpo:no_anchor"}
     with pytest.raises(ValueError, match="unknown method"):
         plan_runs(["grpo", "erpp"], 1)
+
+
+def test_erpos_components_alone_read_only_what_they_need(tmp_path: Path) -> None:
+    """erpo_gate_only (eta 0) needs no reference model; erpo_process_only (no gate) reads no entropies."""
+    needs = {}
+    for label, _, overrides in plan_runs(["erpo_gate_only", "erpo_process_only"], 1):
+        algorithm = load_config(recipe_path("quick"), [f"output_dir={tmp_path}", *overrides]).algorithm
+        needs[label] = set(estimator_requirements(algorithm.estimator, **algorithm.estimator_kwargs))
+    assert "ref_logprobs" not in needs["erpo_gate_only"] and "entropies" in needs["erpo_gate_only"]
+    assert "entropies" not in needs["erpo_process_only"] and "ref_logprobs" in needs["erpo_process_only"]
 
 
 def test_mean_ci95_and_flip_ratio() -> None:

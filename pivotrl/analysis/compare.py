@@ -20,6 +20,10 @@ PRESETS: dict[str, list[str]] = {
     "tepo": ["algorithm.estimator=grpo", "algorithm.policy_loss=tepo",
              "algorithm.loss_kwargs={eps_low: 0.2, eps_high: 0.28, beta_kl: 0.05}"],
     "mpo": ["algorithm.estimator=grpo", "algorithm.policy_loss=mpo", "algorithm.loss_kwargs={block_size: 5}"],
+    # ERPO's two components alone, the paper's own ablation (--ablate erpo runs its other switches)
+    "erpo_gate_only": ["algorithm.estimator=erpo", "algorithm.policy_loss=ppo", "algorithm.estimator_kwargs={eta: 0.0}"],
+    "erpo_process_only": ["algorithm.estimator=erpo", "algorithm.policy_loss=ppo",
+                          "algorithm.estimator_kwargs={gate: false}"],
     # branching as configs/pivot_mc.yaml; change it with --set pivot_mc:rollout.branch.branches=2 and the like
     "pivot_mc": ["algorithm.estimator=pivot_mc", "algorithm.policy_loss=ppo", "rollout.branch.pivots=2",
                  "rollout.branch.spacing=4", "rollout.branch.branches=4"],
