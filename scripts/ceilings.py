@@ -1,7 +1,7 @@
 """The tables and plots of docs/EXPERIMENTS.md, "Ceilings": methods and oracles against GRPO, paired by seed.
 
     .venv/bin/python scripts/ceilings.py runs/ceil_free [more compare folders] -o docs/experiments/ceilings/free \
-        [--baseline grpo] [--ceiling grpo_oracle] [--holm erpo,high_entropy,pivot_mc]
+        [--baseline grpo] [--ceiling grpo_oracle] [--holm erpo,high_entropy,pivot_mc] [--pooled]
 
 Reads every run of the `pivotrl compare` folders given (their runs/ subfolders), and writes into -o:
 table.md (per method: seeds, final held-out accuracy with its 95% t-interval, the paired difference
@@ -9,7 +9,8 @@ with the baseline, its p-value (Holm-adjusted over the labels given to --holm), 
 differences and the smallest difference the test detects (α = 0.05, power 0.8; at Holm's first step
 for the labels corrected together), the same difference at the first evaluation, generated tokens per run,
 mean credit/free_share, and with --ceiling the share of the ceiling's gain each method recovers, where
-the ceiling's interval stands above 0),
+the ceiling's interval stands above 0; with --pooled, every difference is the difference of the arms' means
+with the runs' sd pooled over every arm instead of paired by seed, for a family whose arms have few seeds),
 dynamics.md (per method, the mean over seeds of the first and the last five steps' generated tokens, response length, token
 entropy, the decisive tokens' entropy and the share of tokens free where the task marks them, and the share of
 groups whose rewards all agree), summary.json (both, as numbers), accuracy.png (held-out accuracy over training, mean over
@@ -32,7 +33,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pivotrl.analysis.paired import detectable_difference, holm, paired_difference  # noqa: E402
+from pivotrl.analysis.paired import (  # noqa: E402
+    detectable_difference,
+    holm,
+    paired_difference,
+    pooled_detectable_difference,
+    pooled_difference,
+)
 from pivotrl.analysis.report import mean_ci95  # noqa: E402
 from pivotrl.analysis.runs import RunRecord, read_run  # noqa: E402
 
@@ -96,12 +103,23 @@ def dynamics_markdown(rows: dict[str, dict[str, list[float]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def difference(values: dict[str, dict[int, dict]], label: str, baseline: str, key: str, pooled: bool) -> dict:
+    """label − baseline in `key`: paired by seed, or with the sd pooled over every arm (`pooled`)."""
+    method, base = ({s: v[key] for s, v in values[name].items()} for name in (label, baseline))
+    if pooled:
+        arms = [[v[key] for v in by_seed.values()] for by_seed in values.values()]
+        d = pooled_difference(list(method.values()), list(base.values()), arms)
+        return {"mean": d.mean, "low": d.low, "high": d.high, "p": d.p_value, "sd": d.sd, "seeds": d.seeds,
+                "baseline_seeds": d.baseline_seeds, "df": d.df}
+    d = paired_difference(method, base)
+    return {"mean": d.mean, "low": d.low, "high": d.high, "p": d.p_value, "sd": d.sd, "seeds": d.seeds}
+
+
 def compare(runs: dict[str, list[RunRecord]], baseline: str, ceiling: str | None,
-            holm_over: list[str]) -> dict[str, dict]:
+            holm_over: list[str], pooled: bool = False) -> dict[str, dict]:
     values = {label: {r.seed: per_run(r) for r in rs} for label, rs in runs.items()}
     if baseline not in values:
         raise SystemExit(f"no finished {baseline} runs in the folders given")
-    base_after = {s: v["after"] for s, v in values[baseline].items()}
     out: dict[str, dict] = {}
     for label, by_seed in values.items():
         finals = [v["after"] for v in by_seed.values()]
@@ -111,20 +129,22 @@ def compare(runs: dict[str, list[RunRecord]], baseline: str, ceiling: str | None
                "tokens": statistics.fmean(v["tokens"] for v in by_seed.values()),
                "free_share": statistics.fmean(v["free_share"] for v in by_seed.values())}
         if label != baseline:
-            diff = paired_difference({s: v["after"] for s, v in by_seed.items()}, base_after)
-            row.update(diff=diff.mean, diff_low=diff.low, diff_high=diff.high, p=diff.p_value, sd_diff=diff.sd,
-                       paired_seeds=diff.seeds)
-            early = paired_difference({s: v["early"] for s, v in by_seed.items()},
-                                      {s: v["early"] for s, v in values[baseline].items()})
-            row.update(early_step=next(iter(by_seed.values()))["early_step"], early_diff=early.mean,
-                       early_low=early.low, early_high=early.high)
+            diff = difference(values, label, baseline, "after", pooled)
+            row.update(diff=diff["mean"], diff_low=diff["low"], diff_high=diff["high"], p=diff["p"],
+                       sd_diff=diff["sd"], paired_seeds=diff["seeds"], test=diff)
+            early = difference(values, label, baseline, "early", pooled)
+            row.update(early_step=next(iter(by_seed.values()))["early_step"], early_diff=early["mean"],
+                       early_low=early["low"], early_high=early["high"])
         out[label] = row
     others = [label for label in out if label != baseline]
     corrected = holm({label: out[label]["p"] for label in others if label in holm_over})
     for label in others:  # Holm's correction over the methods named; each other label is its own question
         tests = len(corrected) if label in corrected else 1
         out[label]["p_adjusted"] = corrected.get(label, out[label]["p"])
-        out[label]["mde"] = detectable_difference(out[label]["sd_diff"], out[label]["paired_seeds"], tests=tests)
+        test = out[label].pop("test")
+        out[label]["mde"] = (pooled_detectable_difference(test["sd"], test["seeds"], test["baseline_seeds"], test["df"],
+                                                          tests=tests)
+                             if pooled else detectable_difference(test["sd"], test["seeds"], tests=tests))
     # a share of a gain is read only when the ceiling's interval stands above 0; else the column says "–"
     if ceiling is not None and ceiling in out and out[ceiling]["diff_low"] > 0:
         for label in others:
@@ -132,9 +152,10 @@ def compare(runs: dict[str, list[RunRecord]], baseline: str, ceiling: str | None
     return out
 
 
-def markdown(rows: dict[str, dict], baseline: str, ceiling: str | None) -> str:
-    head = ["method", "seeds", "held-out acc. before", "after (mean ± 95% CI)", f"after − {baseline}'s, paired (95% CI)",
-            "p", "sd of the differences; MDE", "first evaluation − baseline's, paired (95% CI)", "generated tokens per run",
+def markdown(rows: dict[str, dict], baseline: str, ceiling: str | None, pooled: bool = False) -> str:
+    how, spread = ("pooled", "pooled sd of a run") if pooled else ("paired", "sd of the differences")
+    head = ["method", "seeds", "held-out acc. before", "after (mean ± 95% CI)", f"after − {baseline}'s, {how} (95% CI)",
+            "p", f"{spread}; MDE", f"first evaluation − baseline's, {how} (95% CI)", "generated tokens per run",
             "credit/free_share", "mean length after"]
     if ceiling:
         head.append(f"share of {ceiling}'s gain")
@@ -228,6 +249,8 @@ def main() -> None:
     parser.add_argument("--ceiling", default=None, help="the oracle whose gain the methods' gains are shares of")
     parser.add_argument("--holm", default="", help="comma-separated labels compared with the baseline as several "
                         "tests, corrected together (Holm); any other label is its own question")
+    parser.add_argument("--pooled", action="store_true", help="differences of the arms' means with the runs' sd "
+                        "pooled over every arm (for arms with few seeds), instead of paired by seed")
     parser.add_argument("--title", default="")
     args = parser.parse_args()
     for folder in args.folders:
@@ -235,8 +258,8 @@ def main() -> None:
             parser.error(f"{folder} is not a pivotrl compare folder (no runs/)")
     args.output_dir.mkdir(parents=True, exist_ok=True)
     runs = read_folders(args.folders)
-    rows = compare(runs, args.baseline, args.ceiling, [m for m in args.holm.split(",") if m])
-    table = markdown(rows, args.baseline, args.ceiling)
+    rows = compare(runs, args.baseline, args.ceiling, [m for m in args.holm.split(",") if m], args.pooled)
+    table = markdown(rows, args.baseline, args.ceiling, args.pooled)
     trends = dynamics(runs)
     trends_table = dynamics_markdown(trends)
     (args.output_dir / "table.md").write_text(table)

@@ -58,3 +58,30 @@ def test_ceilings_table_and_dynamics(tmp_path: Path) -> None:
     assert entropy_first == pytest.approx(0.47) and entropy_last == pytest.approx(0.42)
     assert "64.0 -> 69.0" in (out / "dynamics.md").read_text()
     assert (out / "table.md").is_file() and (out / "accuracy.png").is_file()
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_ceilings_pooled_takes_the_spread_of_every_arm(tmp_path: Path) -> None:
+    """--pooled: a two-seed arm against a three-seed baseline, the sd pooled over the three arms (scipy's
+    one-way ANOVA gives the within-arm mean square)."""
+    from scipy import stats
+
+    finals = {**FINAL, "mpo": [0.45, 0.41]}
+    folder = tmp_path / "compare"
+    for method, values in finals.items():
+        for seed, final in enumerate(values):
+            write_run(folder, method, seed, final)
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "ceilings.py"), str(folder), "-o", str(out), "--pooled",
+                    "--holm", "mpo,grpo_oracle"], check=True, capture_output=True, text=True)
+    mpo = json.loads((out / "summary.json").read_text())["mpo"]
+    groups = list(finals.values())
+    f = stats.f_oneway(*groups)
+    grand = sum(map(sum, groups)) / sum(map(len, groups))
+    between = sum(len(g) * (sum(g) / len(g) - grand) ** 2 for g in groups) / (len(groups) - 1)
+    within = between / f.statistic  # F = between-arm mean square / within-arm mean square
+    se = math.sqrt(within * (1 / 2 + 1 / 3))
+    mean = sum(finals["mpo"]) / 2 - sum(finals["grpo"]) / 3
+    assert mpo["diff"] == pytest.approx(mean) and mpo["sd_diff"] == pytest.approx(math.sqrt(within))
+    assert mpo["p"] == pytest.approx(2 * stats.t.sf(abs(mean) / se, 8 - 3))
+    assert mpo["p_adjusted"] >= mpo["p"] and "pooled" in (out / "table.md").read_text()

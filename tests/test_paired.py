@@ -6,7 +6,13 @@ import math
 
 import pytest
 
-from pivotrl.analysis.paired import detectable_difference, holm, paired_difference
+from pivotrl.analysis.paired import (
+    detectable_difference,
+    holm,
+    paired_difference,
+    pooled_detectable_difference,
+    pooled_difference,
+)
 
 
 def test_paired_difference_by_hand() -> None:
@@ -21,6 +27,40 @@ def test_paired_difference_by_hand() -> None:
     assert got.low == pytest.approx(mean - t_975_df3 * sd / 2) and got.high == pytest.approx(mean + t_975_df3 * sd / 2)
     # t = 3.674 on 3 df: two-sided p = 0.0349 (tables)
     assert got.p_value == pytest.approx(0.0349, abs=5e-4)
+
+
+def test_pooled_difference_is_the_linear_models_contrast() -> None:
+    """Against an ordinary least-squares fit with one mean per arm (numpy), and, for two arms alone,
+    scipy's equal-variance two-sample t-test."""
+    import numpy as np
+    from scipy import stats
+
+    arms = {"grpo": [0.38, 0.382, 0.371, 0.39], "erpo": [0.36, 0.375, 0.352, 0.37], "mpo": [0.40, 0.37],
+            "tepo": [0.35, 0.38]}
+    got = pooled_difference(arms["mpo"], arms["grpo"], list(arms.values()))
+    names = list(arms)
+    y = np.array([x for a in names for x in arms[a]])
+    design = np.array([[float(a == b) for b in names] for a in names for _ in arms[a]])
+    beta, residuals, *_ = np.linalg.lstsq(design, y, rcond=None)
+    df = len(y) - len(names)
+    variance = residuals[0] / df
+    contrast = np.array([float(b == "mpo") - float(b == "grpo") for b in names])
+    se = math.sqrt(variance * contrast @ np.linalg.inv(design.T @ design) @ contrast)
+    t = contrast @ beta / se
+    assert got.df == df == 8 and got.sd == pytest.approx(math.sqrt(variance))
+    assert got.mean == pytest.approx(contrast @ beta)
+    assert got.p_value == pytest.approx(2 * stats.t.sf(abs(t), df))
+    half = stats.t.ppf(0.975, df) * se
+    assert (got.low, got.high) == pytest.approx((contrast @ beta - half, contrast @ beta + half))
+    two = pooled_difference(arms["erpo"], arms["grpo"], [arms["erpo"], arms["grpo"]])
+    assert two.p_value == pytest.approx(stats.ttest_ind(arms["erpo"], arms["grpo"], equal_var=True).pvalue)
+
+
+def test_pooled_detectable_difference_by_hand() -> None:
+    # (t_{0.975, 15} + t_{0.8, 15}) sd sqrt(1/2 + 1/4) = (2.1314 + 0.8662) * 0.01 * 0.8660 = 0.02596
+    assert pooled_detectable_difference(0.01, 2, 4, 15) == pytest.approx(0.02596, abs=1e-4)
+    assert pooled_detectable_difference(0.01, 4, 4, 15) < pooled_detectable_difference(0.01, 2, 4, 15)
+    assert pooled_detectable_difference(0.01, 2, 4, 15, tests=7) > pooled_detectable_difference(0.01, 2, 4, 15)
 
 
 def test_holm_by_hand() -> None:
