@@ -2,7 +2,7 @@
 
 The runs of a comparison start from the same weights and sample their evaluation with the same seed
 (trainer.EVAL_SEED), so their "before" evaluations are equal draw for draw: on SmolLM2 with 1000
-countdown problems one costs about 10 minutes of a 105-minute run. The key holds everything the draws
+countdown problems one costs 10-15 minutes of a 105-minute run here. The key holds everything the draws
 and their scores depend on: the weights, the prompts and answers, the evaluation's settings and engine,
 the source of pivotrl's engines, tasks, verifiers and metrics (DRAWING_CODE), the versions of torch,
 transformers and vllm, and torch's thread count.
