@@ -84,6 +84,18 @@ def test_plan_and_ablation() -> None:
         plan_runs(["grpo", "erpp"], 1)
 
 
+def test_runs_of_one_estimator_with_other_hyperparameters_keep_their_own_labels(tmp_path: Path) -> None:
+    """`pivotrl report` over folders labels each run from its config: ERPO's components stay apart."""
+    labels = []
+    for name, kwargs in (("full", {}), ("gate_only", {"eta": 0.0}), ("process_only", {"gate": False})):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "metrics.jsonl").write_text('{"step": 1}\n')
+        (run / "config.yaml").write_text(json.dumps({"algorithm": {"estimator": "erpo", "estimator_kwargs": kwargs}}))
+        labels.append(read_run(run).method)
+    assert labels == ["erpo", "erpo(eta=0.0)", "erpo(gate=False)"]
+
+
 def test_erpos_components_alone_read_only_what_they_need(tmp_path: Path) -> None:
     """erpo_gate_only (eta 0) needs no reference model; erpo_process_only (no gate) reads no entropies."""
     needs = {}

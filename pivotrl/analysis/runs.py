@@ -36,9 +36,12 @@ class RunRecord:
 
 
 def method_label(config: dict[str, Any]) -> str:
-    """'erpo', or 'grpo+tepo' when the loss is not ppo, plus DAPO's sampling options."""
+    """'erpo', 'erpo(eta=0.0)' with estimator_kwargs, or 'grpo+tepo' when the loss is not ppo, plus DAPO's
+    sampling options."""
     alg = config.get("algorithm", {})
     label = alg.get("estimator", "?")
+    if alg.get("estimator_kwargs"):
+        label += "(" + ", ".join(f"{k}={v}" for k, v in sorted(alg["estimator_kwargs"].items())) + ")"
     if alg.get("policy_loss", "ppo") != "ppo":
         label += f"+{alg['policy_loss']}"
     if config.get("rollout", {}).get("dynamic_sampling"):
