@@ -14,7 +14,7 @@ from PIL import Image
 from pivotrl.algorithms import estimator_requirements
 from pivotrl.analysis.compare import plan_runs, run_comparison
 from pivotrl.analysis.pivots import analyze_policy, flip_ratio_ci, paired_difference_ci
-from pivotrl.analysis.report import mean_ci95, write_report
+from pivotrl.analysis.report import mean_ci95, report_warnings, write_report
 from pivotrl.analysis.runs import read_run
 from pivotrl.modeling.policy import load_policy
 from pivotrl.rollout import make_engine
@@ -247,3 +247,14 @@ def test_compare_holds_methods_to_a_token_budget_and_reports_every_methods_token
     row = next(line for line in text.splitlines() if line.startswith("| pivot_mc"))
     assert "(0)" not in row.split("|")[-3]  # branch tokens were counted
     assert any("unequal numbers of tokens" in w for w in warnings)  # G=4 grpo vs branching: not one budget
+
+
+def test_runs_that_differ_only_in_reusing_the_evaluation_before_are_comparable(tmp_path: Path) -> None:
+    runs = []
+    for name, reuse in (("old", None), ("new", True)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "metrics.jsonl").write_text('{"step": 1}\n')
+        (run / "config.yaml").write_text(json.dumps({"algorithm": {"estimator": "grpo"}, "eval": {"reuse_before": reuse}}))
+        runs.append(read_run(run))
+    assert not [w for w in report_warnings(runs) if "differ in more than" in w]

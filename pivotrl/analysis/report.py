@@ -244,8 +244,9 @@ def report_warnings(runs: list[RunRecord], by_design: tuple[str, ...] = ()) -> l
 #: Settings in which the runs of one comparison differ by design: the method and the seed.
 BY_DESIGN = ("algorithm", "rollout.branch", "rollout.dynamic_sampling", "rollout.max_resample_rounds", "rollout.overlong_shaping",
              "rollout.overlong_cache", "train.seed", "label")
-#: Settings that change nothing a run computes (where it is, how it logs, saves, and its CPU threads).
-NOT_COMPARED = ("output_dir", "log", "checkpoint", "train.num_threads")
+#: Settings that change nothing a run computes (where it is, how it logs, saves, its CPU threads, and
+#: whether it reused its evaluation before training).
+NOT_COMPARED = ("output_dir", "log", "checkpoint", "train.num_threads", "eval.reuse_before")
 
 
 def _under(key: str, prefixes: tuple[str, ...]) -> bool:
