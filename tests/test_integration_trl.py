@@ -302,6 +302,9 @@ def _two_process_main(workdir: str) -> None:
         everyone = acc.gather(summary.unsqueeze(0))
         assert torch.equal(everyone[0], everyone[1]), everyone
     print(f"rank {acc.process_index}: two-process check passed", flush=True)
+    # without it gloo's threads can outlive the interpreter and abort the exit (SIGABRT, seen in CI)
+    acc.wait_for_everyone()
+    acc.end_training()
 
 
 @pytest.mark.slow
