@@ -13,7 +13,7 @@ the ceiling's interval stands above 0; with --pooled, every difference is the di
 with the runs' sd pooled over every arm instead of paired by seed, for a family whose arms have few seeds),
 dynamics.md (per method, the mean over seeds of the first and the last five steps' generated tokens, response length, token
 entropy, the decisive tokens' entropy and the share of tokens free where the task marks them, and the share of
-groups whose rewards all agree), summary.json (both, as numbers), accuracy.png (held-out accuracy over training, mean over
+sampled groups whose rewards all agree), summary.json (both, as numbers), accuracy.png (held-out accuracy over training, mean over
 seeds with their range as a band; beside it, where the runs log it, the accuracy of every sampled response over training)
 and, when the runs log free vs decisive entropy, entropy.png.
 """
@@ -71,12 +71,24 @@ def per_run(run: RunRecord) -> dict[str, float]:
 
 DYNAMICS = {"rollout/tokens_generated": "tokens generated a step", "response_length/mean": "response length (tokens)",
             "entropy/mean": "token entropy (nats)", "entropy/decisive_mean": "decisive tokens' entropy", "tokens/free_frac": "share of tokens free",
-            "groups/zero_var_frac": "groups that agree"}
+            "rollout/agreeing_frac": "sampled groups that agree"}
+
+
+def agreeing_frac(run: RunRecord) -> list[float]:
+    """Per step, the share of sampled groups whose rewards all agree. Runs that predate its metric: under
+    dynamic sampling the groups kept are those whose rewards differ, so 1 − kept / sampled; otherwise the
+    batch's own share."""
+    logged = run.series("rollout/agreeing_frac")[1]
+    rollout = run.config.get("rollout", {})
+    if logged or not rollout.get("dynamic_sampling"):
+        return logged or run.series("groups/zero_var_frac")[1]
+    return [1 - m["rollout/rows"] / rollout["group_size"] / m["rollout/sampled_groups"]
+            for m in run.metrics if m.get("rollout/sampled_groups")]
 
 
 def first_and_last(run: RunRecord, key: str, steps: int = 5) -> tuple[float, float]:
     """The mean of a logged metric over a run's first and last few steps (nan when it is not logged)."""
-    values = run.series(key)[1]
+    values = agreeing_frac(run) if key == "rollout/agreeing_frac" else run.series(key)[1]
     if not values:
         return math.nan, math.nan
     return statistics.fmean(values[:steps]), statistics.fmean(values[-steps:])

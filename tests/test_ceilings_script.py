@@ -56,7 +56,30 @@ def test_ceilings_table_and_dynamics(tmp_path: Path) -> None:
     assert length_first == pytest.approx(60 + 3 + 1) and length_last == pytest.approx(60 + 8 + 1)
     entropy_first, entropy_last = rows["grpo"]["dynamics"]["entropy/mean"]
     assert entropy_first == pytest.approx(0.47) and entropy_last == pytest.approx(0.42)
+    agree_first, agree_last = rows["grpo"]["dynamics"]["rollout/agreeing_frac"]  # groups/zero_var_frac, 0.2 + 0.02 step
+    assert agree_first == pytest.approx(0.26) and agree_last == pytest.approx(0.36)
     assert "64.0 -> 69.0" in (out / "dynamics.md").read_text()
+
+
+def test_ceilings_counts_the_groups_dynamic_sampling_dropped(tmp_path: Path) -> None:
+    """Runs written before `rollout/agreeing_frac`: under dynamic sampling the batch holds no agreeing group, so the
+    share comes from the groups sampled and kept; 16 sampled, 4 of 8 responses each kept, 3/4 agreed."""
+    folder = tmp_path / "compare"
+    for seed in range(2):
+        write_run(folder, "grpo", seed, 0.4)
+        run = folder / "runs" / f"grpo-seed{seed}"
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        config["rollout"] = {"dynamic_sampling": True, "group_size": 8}
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+        steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        for m in steps:
+            m.update({"groups/zero_var_frac": 0.0, "rollout/sampled_groups": 16.0, "rollout/rows": 32.0})
+        (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in steps))
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "ceilings.py"), str(folder), "-o", str(out)],
+                   check=True, capture_output=True, text=True)
+    rows = json.loads((out / "summary.json").read_text())
+    assert rows["grpo"]["dynamics"]["rollout/agreeing_frac"] == [pytest.approx(0.75), pytest.approx(0.75)]
     assert (out / "table.md").is_file() and (out / "accuracy.png").is_file()
 
 

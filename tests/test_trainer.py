@@ -80,6 +80,7 @@ def test_dynamic_sampling_and_overlong_shaping(tmp_path: Path) -> None:
     # a random model never solves countdown: every group is all-zero, dynamic sampling drops it
     assert all(r["rollout/rounds"] == 2 for r in records)
     assert all(r.get("skipped") and r["rollout/sampled_accuracy"] == 0.0 for r in records)
+    assert all(r["rollout/agreeing_frac"] == 1.0 for r in records)
 
 
 def test_minibatches_that_do_not_divide_the_rows_train_every_row_once(tmp_path: Path) -> None:
@@ -97,6 +98,9 @@ def test_minibatches_that_do_not_divide_the_rows_train_every_row_once(tmp_path: 
         solved_kept, sampled = r["accuracy"] * r["rollout/rows"], r["rollout/sampled_groups"] * cfg.rollout.group_size
         assert solved_kept - 1e-6 <= r["rollout/sampled_accuracy"] * sampled <= sampled - (r["rollout/rows"] - solved_kept)
         assert r["train/updates"] == 2 * min(3, r["rollout/rows"])
+        # every group kept is one whose rewards differ, every group dropped one whose rewards agree
+        kept = r["rollout/rows"] / cfg.rollout.group_size
+        assert r["rollout/agreeing_frac"] == pytest.approx(1 - kept / r["rollout/sampled_groups"])
     assert any(r["rollout/rows"] % 3 for r in records)
 
 

@@ -48,7 +48,7 @@ def collect(engine: RolloutEngine, verifier: Callable, next_problems: Callable[[
     """The step's scored rollout: `config.prompts_per_step` prompts x `config.group_size` responses."""
     r = config
     parts, score_parts, row_problems, kept_groups, sampled_groups, rounds, generated = [], [], [], 0, 0, 0, 0
-    solved = 0
+    solved, agreeing = 0, 0
     while True:
         need = r.prompts_per_step - kept_groups if r.dynamic_sampling else r.prompts_per_step
         problems = next_problems(need)
@@ -59,8 +59,9 @@ def collect(engine: RolloutEngine, verifier: Callable, next_problems: Callable[[
         sampled_groups += len(problems)
         generated += int(rollout.response_mask.sum())
         solved += int((scores >= 1.0).sum())
+        rows = mixed_groups(scores, r.group_size)
+        agreeing += len(problems) - len(rows) // r.group_size
         if r.dynamic_sampling:
-            rows = mixed_groups(scores, r.group_size)
             rollout, scores = select_rows(rollout, rows), scores[rows]
             rows_of = [rows_of[i] for i in rows.tolist()]
             kept_groups += len(rows) // r.group_size
@@ -72,7 +73,7 @@ def collect(engine: RolloutEngine, verifier: Callable, next_problems: Callable[[
         if not r.dynamic_sampling or kept_groups >= r.prompts_per_step or rounds > r.max_resample_rounds:
             break
     metrics = {"rollout/sampled_groups": float(sampled_groups), "rollout/rounds": float(rounds),
-               "rollout/tokens_generated": float(generated)}
+               "rollout/tokens_generated": float(generated), "rollout/agreeing_frac": agreeing / sampled_groups}
     if r.dynamic_sampling:  # `accuracy` covers the kept groups only; this is every sampled response's
         metrics["rollout/sampled_accuracy"] = solved / (sampled_groups * r.group_size)
     if not parts:
