@@ -75,15 +75,19 @@ DYNAMICS = {"rollout/tokens_generated": "tokens generated a step", "response_len
 
 
 def agreeing_frac(run: RunRecord) -> list[float]:
-    """Per step, the share of sampled groups whose rewards all agree. Runs that predate its metric: under
+    """Per step, the share of sampled groups whose rewards all agree. Steps logged before its metric: under
     dynamic sampling the groups kept are those whose rewards differ, so 1 − kept / sampled; otherwise the
     batch's own share."""
-    logged = run.series("rollout/agreeing_frac")[1]
     rollout = run.config.get("rollout", {})
-    if logged or not rollout.get("dynamic_sampling"):
-        return logged or run.series("groups/zero_var_frac")[1]
-    return [1 - m["rollout/rows"] / rollout["group_size"] / m["rollout/sampled_groups"]
-            for m in run.metrics if m.get("rollout/sampled_groups")]
+    shares = []
+    for m in run.metrics:
+        if "rollout/agreeing_frac" in m:
+            shares.append(m["rollout/agreeing_frac"])
+        elif rollout.get("dynamic_sampling") and m.get("rollout/sampled_groups"):
+            shares.append(1 - m["rollout/rows"] / rollout["group_size"] / m["rollout/sampled_groups"])
+        elif "groups/zero_var_frac" in m:
+            shares.append(m["groups/zero_var_frac"])
+    return shares
 
 
 def first_and_last(run: RunRecord, key: str, steps: int = 5) -> tuple[float, float]:

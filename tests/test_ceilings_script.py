@@ -62,8 +62,9 @@ def test_ceilings_table_and_dynamics(tmp_path: Path) -> None:
 
 
 def test_ceilings_counts_the_groups_dynamic_sampling_dropped(tmp_path: Path) -> None:
-    """Runs written before `rollout/agreeing_frac`: under dynamic sampling the batch holds no agreeing group, so the
-    share comes from the groups sampled and kept; 16 sampled, 4 of 8 responses each kept, 3/4 agreed."""
+    """Steps logged before `rollout/agreeing_frac` (here steps 1-5): under dynamic sampling the batch holds no
+    agreeing group, so the share comes from the groups sampled and kept; 16 sampled, 4 of 8 responses each kept,
+    3/4 agreed. Steps 6-10 log the share, 0.5."""
     folder = tmp_path / "compare"
     for seed in range(2):
         write_run(folder, "grpo", seed, 0.4)
@@ -74,12 +75,14 @@ def test_ceilings_counts_the_groups_dynamic_sampling_dropped(tmp_path: Path) -> 
         steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         for m in steps:
             m.update({"groups/zero_var_frac": 0.0, "rollout/sampled_groups": 16.0, "rollout/rows": 32.0})
+            if m["step"] > 5:
+                m["rollout/agreeing_frac"] = 0.5
         (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in steps))
     out = tmp_path / "out"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "ceilings.py"), str(folder), "-o", str(out)],
                    check=True, capture_output=True, text=True)
     rows = json.loads((out / "summary.json").read_text())
-    assert rows["grpo"]["dynamics"]["rollout/agreeing_frac"] == [pytest.approx(0.75), pytest.approx(0.75)]
+    assert rows["grpo"]["dynamics"]["rollout/agreeing_frac"] == [pytest.approx(0.75), pytest.approx(0.5)]
     assert (out / "table.md").is_file() and (out / "accuracy.png").is_file()
 
 
