@@ -104,6 +104,19 @@ def test_minibatches_that_do_not_divide_the_rows_train_every_row_once(tmp_path: 
     assert any(r["rollout/rows"] % 3 for r in records)
 
 
+def test_agreeing_groups_are_those_the_estimators_diagnostics_find_without_variance(tmp_path: Path) -> None:
+    # without dynamic sampling or shaping the batch is every sampled group, and the estimator's own diagnostics
+    # (algorithms/diagnostics.py, from the rewards) count the groups that agree independently of collect.py
+    cfg = smoke(tmp_path, "model.name_or_path=tiny", "model.arch={}", "rollout.max_new_tokens=34",
+                "algorithm.estimator=grpo", "eval.before_after=false", "train.max_steps=3")
+    Trainer(cfg).run()
+    records = read_metrics(tmp_path)
+    assert len(records) == 3
+    for r in records:
+        assert r["rollout/agreeing_frac"] == pytest.approx(r["groups/zero_var_frac"])
+    assert any(0 < r["rollout/agreeing_frac"] < 1 for r in records)
+
+
 def test_fewer_rows_than_minibatches_still_trains(tmp_path: Path) -> None:
     cfg = smoke(tmp_path, "rollout.prompts_per_step=1", "rollout.group_size=2", "train.num_minibatches=4",
                 "algorithm.estimator=grpo", "eval.before_after=false", "train.max_steps=1")
