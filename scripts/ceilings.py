@@ -185,7 +185,8 @@ def markdown(rows: dict[str, dict], baseline: str, ceiling: str | None, pooled: 
             mde = f"{r['sd_diff']:.3f}; {r['mde']:.3f}"
             early = (f"step {r['early_step']}: {r['early_diff']:+.3f} ({r['early_low']:+.3f} to {r['early_high']:+.3f})"
                      if r["early_step"] is not None else "–")
-        cells = [label, str(r["seeds"]), f"{r['before']:.3f}", f"{r['after']:.3f} ± {r['after_ci95']:.3f}", diff, p,
+        spread = f"± {r['after_ci95']:.3f}" if r["seeds"] > 1 else "(one seed)"
+        cells = [label, str(r["seeds"]), f"{r['before']:.3f}", f"{r['after']:.3f} {spread}", diff, p,
                  mde, early,
                  f"{r['tokens']:,.0f}", "–" if math.isnan(r["free_share"]) else f"{r['free_share']:.3f}",
                  f"{r['length']:.1f}"]

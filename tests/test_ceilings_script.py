@@ -111,3 +111,21 @@ def test_ceilings_pooled_takes_the_spread_of_every_arm(tmp_path: Path) -> None:
     assert mpo["diff"] == pytest.approx(mean) and mpo["sd_diff"] == pytest.approx(math.sqrt(within))
     assert mpo["p"] == pytest.approx(2 * stats.t.sf(abs(mean) / se, 8 - 3))
     assert mpo["p_adjusted"] >= mpo["p"] and "pooled" in (out / "table.md").read_text()
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_ceilings_pooled_gives_a_one_seed_arm_a_difference_but_no_interval_of_its_own(tmp_path: Path) -> None:
+    """A method with one finished seed so far: its difference from the baseline takes the sd pooled over the
+    other arms, while its own final accuracy has no spread to show."""
+    folder = tmp_path / "compare"
+    for method, values in {**FINAL, "erpo": [0.39]}.items():
+        for seed, final in enumerate(values):
+            write_run(folder, method, seed, final)
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "ceilings.py"), str(folder), "-o", str(out), "--pooled"],
+                   check=True, capture_output=True, text=True)
+    erpo = json.loads((out / "summary.json").read_text())["erpo"]
+    assert erpo["seeds"] == 1 and erpo["diff"] == pytest.approx(0.39 - sum(FINAL["grpo"]) / 3)
+    assert math.isfinite(erpo["diff_low"]) and erpo["diff_low"] < erpo["diff"] < erpo["diff_high"]
+    row = next(line for line in (out / "table.md").read_text().splitlines() if line.startswith("| erpo |"))
+    assert "0.390 (one seed)" in row and "±" not in row
