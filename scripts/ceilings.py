@@ -209,7 +209,7 @@ def plot_accuracy(runs: dict[str, list[RunRecord]], path: Path, title: str) -> N
         steps = sorted(set.intersection(*[set(r.evals) for r in rs]))
         values = [[r.evals[s]["accuracy"] for r in rs] for s in steps]
         held.plot(steps, [statistics.fmean(v) for v in values], marker="o", markersize=3, color=colour,
-                  label=f"{label} ({len(rs)} seeds)")
+                  label=f"{label} ({len(rs)} seed{'s' if len(rs) > 1 else ''})")
         held.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=colour, alpha=0.15)
         if sampled:
             series = [dict(zip(*r.series("rollout/sampled_accuracy"), strict=True)) for r in rs]
