@@ -3,7 +3,10 @@
     .venv/bin/python scripts/ceilings.py runs/ceil_free [more compare folders] -o docs/experiments/ceilings/free \
         [--baseline grpo] [--ceiling grpo_oracle] [--holm erpo,high_entropy,pivot_mc] [--pooled]
 
-Reads every run of the `pivotrl compare` folders given (their runs/ subfolders), and writes into -o:
+Reads every run of the `pivotrl compare` folders given (their runs/ subfolders). A folder given as
+PATH@TAG holds runs made under other settings than the rest (say two updates per rollout): its
+methods are labelled METHOD@TAG and compared with the baseline's runs in that folder, BASELINE@TAG
+(name them so in --holm). Writes into -o:
 table.md (per method: seeds, final held-out accuracy with its 95% t-interval, the paired difference
 with the baseline, its p-value (Holm-adjusted over the labels given to --holm), the sd of the per-seed
 differences and the smallest difference the test detects (α = 0.05, power 0.8; at Holm's first step
@@ -44,16 +47,28 @@ from pivotrl.analysis.report import mean_ci95  # noqa: E402
 from pivotrl.analysis.runs import RunRecord, read_run  # noqa: E402
 
 
-def read_folders(folders: list[Path]) -> dict[str, list[RunRecord]]:
-    """Finished runs by method label (the compare folder's run names: METHOD-seedN)."""
+def split_tag(folder: str) -> tuple[Path, str]:
+    """PATH@TAG -> (PATH, "@TAG"); a plain PATH -> (PATH, "")."""
+    path, at, tag = folder.rpartition("@")
+    return (Path(path), f"@{tag}") if at and tag else (Path(folder), "")
+
+
+def baseline_of(label: str, baseline: str) -> str:
+    """The runs `label` is compared with: the baseline's runs made under the same tag."""
+    return baseline + label[label.index("@"):] if "@" in label else baseline
+
+
+def read_folders(folders: list[str]) -> dict[str, list[RunRecord]]:
+    """Finished runs by method label (the compare folder's run names: METHOD-seedN, tagged METHOD@TAG)."""
     runs: dict[str, list[RunRecord]] = defaultdict(list)
     for folder in folders:
-        for path in sorted((folder / "runs").iterdir()):
-            if not (path / "summary.json").is_file():
-                print(f"skipping {path}: not finished", file=sys.stderr)
+        path, tag = split_tag(folder)
+        for run in sorted((path / "runs").iterdir()):
+            if not (run / "summary.json").is_file():
+                print(f"skipping {run}: not finished", file=sys.stderr)
                 continue
-            label = path.name.rsplit("-seed", 1)[0]
-            runs[label].append(read_run(path, label=label))
+            label = run.name.rsplit("-seed", 1)[0] + tag
+            runs[label].append(read_run(run, label=label))
     return runs
 
 
@@ -134,8 +149,9 @@ def difference(values: dict[str, dict[int, dict]], label: str, baseline: str, ke
 def compare(runs: dict[str, list[RunRecord]], baseline: str, ceiling: str | None,
             holm_over: list[str], pooled: bool = False) -> dict[str, dict]:
     values = {label: {r.seed: per_run(r) for r in rs} for label, rs in runs.items()}
-    if baseline not in values:
-        raise SystemExit(f"no finished {baseline} runs in the folders given")
+    missing = sorted({baseline_of(label, baseline) for label in values} - set(values))
+    if missing:
+        raise SystemExit(f"no finished {', '.join(missing)} runs in the folders given")
     out: dict[str, dict] = {}
     for label, by_seed in values.items():
         finals = [v["after"] for v in by_seed.values()]
@@ -144,15 +160,15 @@ def compare(runs: dict[str, list[RunRecord]], baseline: str, ceiling: str | None
                "after": mean, "after_ci95": half, "length": statistics.fmean(v["length"] for v in by_seed.values()),
                "tokens": statistics.fmean(v["tokens"] for v in by_seed.values()),
                "free_share": statistics.fmean(v["free_share"] for v in by_seed.values())}
-        if label != baseline:
-            diff = difference(values, label, baseline, "after", pooled)
+        if label != baseline_of(label, baseline):
+            diff = difference(values, label, baseline_of(label, baseline), "after", pooled)
             row.update(diff=diff["mean"], diff_low=diff["low"], diff_high=diff["high"], p=diff["p"],
                        sd_diff=diff["sd"], paired_seeds=diff["seeds"], test=diff)
-            early = difference(values, label, baseline, "early", pooled)
+            early = difference(values, label, baseline_of(label, baseline), "early", pooled)
             row.update(early_step=next(iter(by_seed.values()))["early_step"], early_diff=early["mean"],
                        early_low=early["low"], early_high=early["high"])
         out[label] = row
-    others = [label for label in out if label != baseline]
+    others = [label for label in out if label != baseline_of(label, baseline)]
     corrected = holm({label: out[label]["p"] for label in others if label in holm_over})
     for label in others:  # Holm's correction over the methods named; each other label is its own question
         tests = len(corrected) if label in corrected else 1
@@ -177,7 +193,7 @@ def markdown(rows: dict[str, dict], baseline: str, ceiling: str | None, pooled: 
         head.append(f"share of {ceiling}'s gain")
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for label, r in rows.items():
-        if label == baseline:
+        if label == baseline_of(label, baseline):
             diff, p, mde, early = "–", "–", "–", "–"
         else:
             diff = f"{r['diff']:+.3f} ({r['diff_low']:+.3f} to {r['diff_high']:+.3f})"
@@ -194,6 +210,8 @@ def markdown(rows: dict[str, dict], baseline: str, ceiling: str | None, pooled: 
             share = r.get("share_of_ceiling")
             cells.append("–" if share is None or label == ceiling else f"{share:+.2f}")
         lines.append("| " + " | ".join(cells) + " |")
+    if any("@" in label for label in rows):
+        lines.append(f"\nMETHOD@TAG: runs made under other settings, compared with {baseline}@TAG's.")
     return "\n".join(lines) + "\n"
 
 
@@ -260,7 +278,8 @@ def plot_entropy(runs: dict[str, list[RunRecord]], path: Path, title: str) -> bo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folders", nargs="+", type=Path, help="pivotrl compare output folders")
+    parser.add_argument("folders", nargs="+", help="pivotrl compare output folders; PATH@TAG for runs made under "
+                        "other settings, compared with that folder's own baseline runs")
     parser.add_argument("-o", "--output-dir", type=Path, required=True)
     parser.add_argument("--baseline", default="grpo")
     parser.add_argument("--ceiling", default=None, help="the oracle whose gain the methods' gains are shares of")
@@ -271,8 +290,8 @@ def main() -> None:
     parser.add_argument("--title", default="")
     args = parser.parse_args()
     for folder in args.folders:
-        if not (folder / "runs").is_dir():
-            parser.error(f"{folder} is not a pivotrl compare folder (no runs/)")
+        if not (split_tag(folder)[0] / "runs").is_dir():
+            parser.error(f"{split_tag(folder)[0]} is not a pivotrl compare folder (no runs/)")
     args.output_dir.mkdir(parents=True, exist_ok=True)
     runs = read_folders(args.folders)
     rows = compare(runs, args.baseline, args.ceiling, [m for m in args.holm.split(",") if m], args.pooled)

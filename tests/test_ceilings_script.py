@@ -129,3 +129,35 @@ def test_ceilings_pooled_gives_a_one_seed_arm_a_difference_but_no_interval_of_it
     assert math.isfinite(erpo["diff_low"]) and erpo["diff_low"] < erpo["diff"] < erpo["diff_high"]
     row = next(line for line in (out / "table.md").read_text().splitlines() if line.startswith("| erpo |"))
     assert "0.390 (one seed)" in row and "±" not in row
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_ceilings_compares_a_tagged_folders_methods_with_its_own_baseline(tmp_path: Path) -> None:
+    """A folder given as PATH@two: its runs were made under other settings, so tepo@two is compared with
+    grpo@two (the same folder's GRPO), with the sd still pooled over every arm of both folders."""
+    from scipy import stats
+
+    one, two = tmp_path / "one_update", tmp_path / "two_updates"
+    arms = {"grpo": (one, [0.41, 0.40, 0.43]), "mpo": (one, [0.45, 0.41]),
+            "grpo@two": (two, [0.30, 0.33]), "tepo@two": (two, [0.36, 0.35])}
+    for label, (folder, values) in arms.items():
+        for seed, final in enumerate(values):
+            write_run(folder, label.split("@")[0], seed, final)
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "ceilings.py"), str(one), f"{two}@two", "-o", str(out),
+                    "--pooled", "--holm", "mpo,tepo@two"], check=True, capture_output=True, text=True)
+    rows = json.loads((out / "summary.json").read_text())
+    assert set(rows) == set(arms)
+    within = sum(sum((v - sum(vs) / len(vs)) ** 2 for v in vs) for _, vs in arms.values()) / (9 - 4)
+    mean = (0.36 + 0.35) / 2 - (0.30 + 0.33) / 2
+    se = math.sqrt(within * (1 / 2 + 1 / 2))
+    assert rows["tepo@two"]["diff"] == pytest.approx(mean)
+    assert rows["tepo@two"]["p"] == pytest.approx(2 * stats.t.sf(abs(mean) / se, 9 - 4))
+    assert rows["mpo"]["diff"] == pytest.approx(0.43 - sum(arms["grpo"][1]) / 3)
+    assert "diff" not in rows["grpo@two"] and "compared with grpo@TAG" in (out / "table.md").read_text()
+
+    missing = tmp_path / "no_baseline"
+    write_run(missing, "tepo", 0, 0.3)
+    refused = subprocess.run([sys.executable, str(ROOT / "scripts" / "ceilings.py"), str(one), f"{missing}@two",
+                              "-o", str(tmp_path / "y")], capture_output=True, text=True)
+    assert refused.returncode != 0 and "no finished grpo@two runs" in refused.stderr

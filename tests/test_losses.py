@@ -215,3 +215,34 @@ def test_loss_dtype_follows_input(name: str) -> None:
         loss, metrics = compute_policy_loss(name, batch, advantages=torch.ones_like(batch.old_logprobs),
                                             logprobs=batch.old_logprobs.clone(), entropies_new=batch.entropies)
         assert loss.dtype == dtype and loss.ndim == 0 and "clip/frac" in metrics and "loss" in metrics
+
+
+def test_on_the_first_update_of_a_rollout_tepo_without_its_kl_is_ppo_and_mpo_reweights_tokens() -> None:
+    """π_θ = π_old on a rollout's first update: every ratio is 1 and no clip acts, so TEPO's sequence ratio
+    (β_kl = 0) has PPO's gradient exactly, while MPO's block ratio spreads a token's advantage over the
+    block's K tokens. Their own mechanisms act only from a second update on (the SmolLM2 methods' design)."""
+    batch = random_batch(seed=3)
+    advantages = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+
+    def gradient(name: str, **kwargs: object) -> torch.Tensor:
+        logprobs = batch.old_logprobs.clone().requires_grad_(True)
+        loss, _ = compute_policy_loss(name, batch, advantages=advantages, logprobs=logprobs, **kwargs)
+        aggregate_loss(loss, batch.response_mask, "token-mean").backward()
+        return logprobs.grad
+
+    ppo = gradient("ppo")
+    assert ppo.abs().sum() > 0
+    torch.testing.assert_close(gradient("tepo", beta_kl=0.0), ppo)
+
+    # MPO with a response's advantage a constant (GRPO's): token u gets a · Σ over the blocks t that hold it
+    # of 1 / (that block's length), K = 5, blocks cut short at the response's end
+    per_response = torch.randn(len(batch.rewards), generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    advantages = per_response.unsqueeze(1).expand_as(advantages).contiguous()
+    lengths = batch.response_mask.sum(1).tolist()
+    weights = torch.zeros_like(advantages)
+    for i, length in enumerate(lengths):
+        for u in range(length):
+            weights[i, u] = sum(1 / min(5, length - t) for t in range(max(0, u - 4), u + 1))
+    expected = -advantages * weights / batch.response_mask.sum()
+    torch.testing.assert_close(gradient("mpo", block_size=5), expected)
+    assert not torch.allclose(gradient("ppo"), expected)
