@@ -222,27 +222,27 @@ def test_on_the_first_update_of_a_rollout_tepo_without_its_kl_is_ppo_and_mpo_rew
     (β_kl = 0) has PPO's gradient exactly, while MPO's block ratio spreads a token's advantage over the
     block's K tokens. Their own mechanisms act only from a second update on (the SmolLM2 methods' design)."""
     batch = random_batch(seed=3)
-    advantages = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    per_token = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
 
-    def gradient(name: str, **kwargs: object) -> torch.Tensor:
+    def gradient(name: str, advantages: torch.Tensor, **kwargs: object) -> torch.Tensor:
         logprobs = batch.old_logprobs.clone().requires_grad_(True)
         loss, _ = compute_policy_loss(name, batch, advantages=advantages, logprobs=logprobs, **kwargs)
         aggregate_loss(loss, batch.response_mask, "token-mean").backward()
         return logprobs.grad
 
-    ppo = gradient("ppo")
+    ppo = gradient("ppo", per_token)
     assert ppo.abs().sum() > 0
-    torch.testing.assert_close(gradient("tepo", beta_kl=0.0), ppo)
+    torch.testing.assert_close(gradient("tepo", per_token, beta_kl=0.0), ppo)
 
     # MPO with a response's advantage a constant (GRPO's): token u gets a · Σ over the blocks t that hold it
     # of 1 / (that block's length), K = 5, blocks cut short at the response's end
     per_response = torch.randn(len(batch.rewards), generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-    advantages = per_response.unsqueeze(1).expand_as(advantages).contiguous()
+    advantages = per_response.unsqueeze(1).expand_as(per_token).contiguous()
     lengths = batch.response_mask.sum(1).tolist()
     weights = torch.zeros_like(advantages)
     for i, length in enumerate(lengths):
         for u in range(length):
             weights[i, u] = sum(1 / min(5, length - t) for t in range(max(0, u - 4), u + 1))
     expected = -advantages * weights / batch.response_mask.sum()
-    torch.testing.assert_close(gradient("mpo", block_size=5), expected)
-    assert not torch.allclose(gradient("ppo"), expected)
+    torch.testing.assert_close(gradient("mpo", advantages, block_size=5), expected)
+    assert not torch.allclose(gradient("ppo", advantages), expected)
