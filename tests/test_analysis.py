@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from pivotrl.algorithms import estimator_requirements
-from pivotrl.analysis.compare import plan_runs, run_comparison
+from pivotrl.analysis.compare import plan_runs, run_comparison, seed_list
 from pivotrl.analysis.pivots import analyze_policy, flip_ratio_ci, paired_difference_ci
 from pivotrl.analysis.report import mean_ci95, report_warnings, write_report
 from pivotrl.analysis.runs import read_run
@@ -82,6 +82,28 @@ def test_plan_and_ablation() -> None:
     assert {label for label, _, _ in plan} == {"grpo", "erpo:full", "erpo:no_gate", "erpo:no_buckets", "erpo:no_anchor"}
     with pytest.raises(ValueError, match="unknown method"):
         plan_runs(["grpo", "erpp"], 1)
+
+
+def test_seeds_are_a_count_or_seeds_and_ranges() -> None:
+    assert seed_list(4) == seed_list("4") == [0, 1, 2, 3]
+    assert seed_list("1-3") == [1, 2, 3] and seed_list("0,2-3") == [0, 2, 3] and seed_list("2") == [0, 1]
+    for bad in ("0", "3-1", "1,,2", "a", "1-2,2"):
+        with pytest.raises(ValueError, match="--seeds"):
+            seed_list(bad)
+
+
+def test_compare_trains_only_the_seeds_named(tmp_path: Path) -> None:
+    """A comparison split across machines: `--seeds 1,3` trains seeds 1 and 3 of each method, and nothing else."""
+    from typer.testing import CliRunner
+
+    from pivotrl.cli import app
+
+    result = CliRunner().invoke(app, ["compare", "-c", str(recipe_path("smoke")), "--methods", "grpo", "--seeds", "1,3",
+                                      "-o", str(tmp_path), "train.max_steps=2"])
+    assert result.exit_code == 0, result.output
+    runs = sorted((tmp_path / "runs").iterdir())
+    assert [run.name for run in runs] == ["grpo-seed1", "grpo-seed3"]
+    assert [read_run(run).seed for run in runs] == [1, 3]
 
 
 def test_runs_of_one_estimator_with_other_hyperparameters_keep_their_own_labels(tmp_path: Path) -> None:

@@ -54,11 +54,29 @@ def parse_sets(sets: list[str], methods: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def plan_runs(methods: list[str], seeds: int, ablate: str | None = None,
+def seed_list(seeds: int | str) -> list[int]:
+    """--seeds: a count N (seeds 0 to N-1), or seeds and ranges ("1-3", "0,2"), for runs split across machines."""
+    text = str(seeds).strip()
+    if text.isdigit():
+        if int(text) < 1:
+            raise ValueError(f"--seeds must be >= 1, got {text}")
+        return list(range(int(text)))
+    chosen: list[int] = []
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()) or (dash and int(high) < int(low)):
+            raise ValueError(f"--seeds takes a count (4) or seeds and ranges (1-3 or 0,2), got {text!r}")
+        chosen += range(int(low), int(high if dash else low) + 1)
+    if len(set(chosen)) < len(chosen):
+        raise ValueError(f"--seeds names a seed twice: {text!r}")
+    return chosen
+
+
+def plan_runs(methods: list[str], seeds: int | str, ablate: str | None = None,
               sets: dict[str, list[str]] | None = None) -> list[tuple[str, int, list[str]]]:
-    """(label, seed, overrides) for every run of the comparison; `sets` adds a method's own overrides."""
-    if seeds < 1:
-        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    """(label, seed, overrides) for every run of the comparison (`seeds` as seed_list reads it); `sets` adds a
+    method's own overrides."""
+    seeds = seed_list(seeds)
     if not methods:
         raise ValueError("--methods names no method; give a comma-separated list such as grpo,erpo")
     sets = sets or {}
@@ -73,10 +91,10 @@ def plan_runs(methods: list[str], seeds: int, ablate: str | None = None,
             variants.insert(0, ("grpo", method_overrides("grpo")))
     else:
         variants = [(m, [*method_overrides(m), *sets.get(m, [])]) for m in methods]
-    return [(label, seed, overrides) for label, overrides in variants for seed in range(seeds)]
+    return [(label, seed, overrides) for label, overrides in variants for seed in seeds]
 
 
-def run_comparison(config: Path | None, methods: list[str], seeds: int, output_dir: Path, *,
+def run_comparison(config: Path | None, methods: list[str], seeds: int | str, output_dir: Path, *,
                    ablate: str | None = None, extra: list[str] = (), jobs: int = 1, overwrite: bool = False,
                    sets: list[str] = (),
                    console: Console | None = None, warn: Callable[[str], None] | None = None) -> Path:
