@@ -3,7 +3,11 @@
     .venv/bin/python scripts/ceilings.py runs/ceil_free [more compare folders] -o docs/experiments/ceilings/free \
         [--baseline grpo] [--ceiling grpo_oracle] [--holm erpo,high_entropy,pivot_mc] [--pooled]
 
-Reads every run of the `pivotrl compare` folders given (their runs/ subfolders). A folder given as
+Reads every run of the `pivotrl compare` folders given (their runs/ subfolders, or their records kept by
+scripts/keep_runs.py), and with --figures FILE the runs known only by their figures (a JSON file: the
+step of their last evaluation, where the figures come from, and per run its label, seed, held-out accuracy
+before and after, and generated tokens), whose folders are gone: they count in every test, take the held-out
+plot's two points, and leave the dynamics to the runs that have them. A folder given as
 PATH@TAG holds runs made under other settings than the rest (say two updates per rollout): its
 methods are labelled METHOD@TAG and compared with the baseline's runs in that folder, BASELINE@TAG
 (name them so in --holm). Writes into -o:
@@ -72,6 +76,29 @@ def read_folders(folders: list[str]) -> dict[str, list[RunRecord]]:
     return runs
 
 
+def read_figures(path: Path) -> dict[str, list[RunRecord]]:
+    """Runs known only by their figures (see the module's docstring), as records without metrics."""
+    try:
+        data = json.loads(path.read_text())
+        step, rows = int(data["step"]), data["runs"]
+        runs: dict[str, list[RunRecord]] = defaultdict(list)
+        for r in rows:
+            summary = {"heldout_accuracy_before": float(r["before"]), "heldout_accuracy_after": float(r["after"]),
+                       "tokens_generated": float(r["tokens"])}
+            evals = {0: {"accuracy": summary["heldout_accuracy_before"]}, step: {"accuracy": summary["heldout_accuracy_after"]}}
+            runs[r["label"]].append(RunRecord(path, r["label"], int(r["seed"]), [], evals, summary))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise SystemExit(f"--figures {path}: {type(err).__name__}: {err}; expected {{\"step\": N, \"source\": ..., "
+                         f"\"runs\": [{{\"label\", \"seed\", \"before\", \"after\", \"tokens\"}}, ...]}}") from None
+    return runs
+
+
+def finite_mean(values) -> float:
+    """The mean of the finite values (nan when none is): a run known only by its figures has no dynamics."""
+    kept = [v for v in values if math.isfinite(v)]
+    return statistics.fmean(kept) if kept else math.nan
+
+
 def per_run(run: RunRecord) -> dict[str, float]:
     steps = run.metrics
     shares = [m["credit/free_share"] for m in steps if isinstance(m.get("credit/free_share"), float)
@@ -79,7 +106,7 @@ def per_run(run: RunRecord) -> dict[str, float]:
     early = min((s for s in run.evals if s > 0), default=None)
     return {"before": run.summary["heldout_accuracy_before"], "after": run.summary["heldout_accuracy_after"],
             "early": run.evals[early]["accuracy"] if early is not None else math.nan, "early_step": early,
-            "tokens": sum(m.get("rollout/tokens_generated", 0.0) for m in steps),
+            "tokens": run.summary.get("tokens_generated", sum(m.get("rollout/tokens_generated", 0.0) for m in steps)),
             "free_share": statistics.fmean(shares) if shares else math.nan,
             "length": run.summary.get("mean_length_after", math.nan)}
 
@@ -118,7 +145,7 @@ def dynamics(runs: dict[str, list[RunRecord]]) -> dict[str, dict[str, list[float
     out: dict[str, dict[str, list[float]]] = {}
     for label, rs in runs.items():
         pairs = {key: [first_and_last(r, key) for r in rs] for key in DYNAMICS}
-        out[label] = {key: [statistics.fmean(p[0] for p in ps), statistics.fmean(p[1] for p in ps)]
+        out[label] = {key: [finite_mean(p[0] for p in ps), finite_mean(p[1] for p in ps)]
                       for key, ps in pairs.items()}
     return out
 
@@ -157,16 +184,20 @@ def compare(runs: dict[str, list[RunRecord]], baseline: str, ceiling: str | None
         finals = [v["after"] for v in by_seed.values()]
         mean, half = mean_ci95(finals)
         row = {"seeds": len(by_seed), "before": statistics.fmean(v["before"] for v in by_seed.values()),
-               "after": mean, "after_ci95": half, "length": statistics.fmean(v["length"] for v in by_seed.values()),
+               "after": mean, "after_ci95": half, "length": finite_mean(v["length"] for v in by_seed.values()),
                "tokens": statistics.fmean(v["tokens"] for v in by_seed.values()),
-               "free_share": statistics.fmean(v["free_share"] for v in by_seed.values())}
+               "free_share": finite_mean(v["free_share"] for v in by_seed.values())}
         if label != baseline_of(label, baseline):
             diff = difference(values, label, baseline_of(label, baseline), "after", pooled)
             row.update(diff=diff["mean"], diff_low=diff["low"], diff_high=diff["high"], p=diff["p"],
                        sd_diff=diff["sd"], paired_seeds=diff["seeds"], test=diff)
-            early = difference(values, label, baseline_of(label, baseline), "early", pooled)
-            row.update(early_step=next(iter(by_seed.values()))["early_step"], early_diff=early["mean"],
-                       early_low=early["low"], early_high=early["high"])
+            early_steps = {v["early_step"] for name in (label, baseline_of(label, baseline)) for v in values[name].values()}
+            if len(early_steps) == 1:  # a first evaluation compared only at one step
+                early = difference(values, label, baseline_of(label, baseline), "early", pooled)
+                row.update(early_step=early_steps.pop(), early_diff=early["mean"], early_low=early["low"],
+                           early_high=early["high"])
+            else:
+                row.update(early_step=None, early_diff=math.nan, early_low=math.nan, early_high=math.nan)
         out[label] = row
     others = [label for label in out if label != baseline_of(label, baseline)]
     corrected = holm({label: out[label]["p"] for label in others if label in holm_over})
@@ -205,7 +236,7 @@ def markdown(rows: dict[str, dict], baseline: str, ceiling: str | None, pooled: 
         cells = [label, str(r["seeds"]), f"{r['before']:.3f}", f"{r['after']:.3f} {spread}", diff, p,
                  mde, early,
                  f"{r['tokens']:,.0f}", "–" if math.isnan(r["free_share"]) else f"{r['free_share']:.3f}",
-                 f"{r['length']:.1f}"]
+                 "–" if math.isnan(r["length"]) else f"{r['length']:.1f}"]
         if ceiling:
             share = r.get("share_of_ceiling")
             cells.append("–" if share is None or label == ceiling else f"{share:+.2f}")
@@ -231,6 +262,9 @@ def plot_accuracy(runs: dict[str, list[RunRecord]], path: Path, title: str) -> N
         held.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=colour, alpha=0.15)
         if sampled:
             series = [dict(zip(*r.series("rollout/sampled_accuracy"), strict=True)) for r in rs]
+            series = [x for x in series if x]  # runs known only by their figures have none
+            if not series:
+                continue
             common = sorted(set.intersection(*[set(x) for x in series]))
             smooth = [[statistics.fmean(x[t] for t in common[max(0, k - 4): k + 1]) for k in range(len(common))]
                       for x in series]
@@ -278,7 +312,7 @@ def plot_entropy(runs: dict[str, list[RunRecord]], path: Path, title: str) -> bo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folders", nargs="+", help="pivotrl compare output folders; PATH@TAG for runs made under "
+    parser.add_argument("folders", nargs="*", help="pivotrl compare output folders; PATH@TAG for runs made under "
                         "other settings, compared with that folder's own baseline runs")
     parser.add_argument("-o", "--output-dir", type=Path, required=True)
     parser.add_argument("--baseline", default="grpo")
@@ -287,13 +321,24 @@ def main() -> None:
                         "tests, corrected together (Holm); any other label is its own question")
     parser.add_argument("--pooled", action="store_true", help="differences of the arms' means with the runs' sd "
                         "pooled over every arm (for arms with few seeds), instead of paired by seed")
+    parser.add_argument("--figures", type=Path, action="append", default=[], help="a JSON file of runs known only "
+                        "by their figures (their folders gone); repeatable")
     parser.add_argument("--title", default="")
     args = parser.parse_args()
+    if not args.folders and not args.figures:
+        parser.error("give a compare folder or --figures")
     for folder in args.folders:
         if not (split_tag(folder)[0] / "runs").is_dir():
             parser.error(f"{split_tag(folder)[0]} is not a pivotrl compare folder (no runs/)")
     args.output_dir.mkdir(parents=True, exist_ok=True)
     runs = read_folders(args.folders)
+    for path in args.figures:
+        for label, records in read_figures(path).items():
+            runs[label].extend(records)
+    for label, records in runs.items():
+        seeds = [r.seed for r in records]
+        if len(set(seeds)) < len(seeds):
+            parser.error(f"{label}: a seed given twice ({sorted(seeds)}), in {sorted({str(r.path) for r in records})}")
     rows = compare(runs, args.baseline, args.ceiling, [m for m in args.holm.split(",") if m], args.pooled)
     table = markdown(rows, args.baseline, args.ceiling, args.pooled)
     trends = dynamics(runs)

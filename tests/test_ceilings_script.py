@@ -161,3 +161,41 @@ def test_ceilings_compares_a_tagged_folders_methods_with_its_own_baseline(tmp_pa
     refused = subprocess.run([sys.executable, str(ROOT / "scripts" / "ceilings.py"), str(one), f"{missing}@two",
                               "-o", str(tmp_path / "y")], capture_output=True, text=True)
     assert refused.returncode != 0 and "no finished grpo@two runs" in refused.stderr
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_runs_known_only_by_their_figures_count_as_their_folders_would(tmp_path: Path) -> None:
+    """--figures: GRPO's runs given by their figures alone (before, after, tokens) give the oracle the same
+    difference, interval, p and MDE as GRPO's run folders do; their dynamics are left blank, not zero, and
+    first evaluations at different steps are not compared."""
+    for method, finals in FINAL.items():
+        for seed, final in enumerate(finals):
+            write_run(tmp_path / "all", method, seed, final)
+            if method != "grpo":
+                write_run(tmp_path / "oracle_only", method, seed, final)
+    figures = tmp_path / "grpo_figures.json"
+    figures.write_text(json.dumps({"step": 10, "source": "this test", "runs": [
+        {"label": "grpo", "seed": seed, "before": 0.28, "after": final, "tokens": 1000}
+        for seed, final in enumerate(FINAL["grpo"])]}))
+    rows = {}
+    for name, args in (("folders", [tmp_path / "all"]), ("figures", [tmp_path / "oracle_only", "--figures", figures])):
+        for pooled in ([], ["--pooled"]):
+            out = tmp_path / f"{name}{''.join(pooled)}"
+            subprocess.run([sys.executable, str(ROOT / "scripts" / "ceilings.py"), *map(str, args), "-o", str(out),
+                            *pooled], check=True, capture_output=True, text=True)
+            rows[name + "".join(pooled)] = json.loads((out / "summary.json").read_text())
+    for pooled in ("", "--pooled"):
+        by_folder, by_figure = rows["folders" + pooled], rows["figures" + pooled]
+        for key in ("diff", "diff_low", "diff_high", "p", "sd_diff", "mde"):
+            assert by_figure["grpo_oracle"][key] == pytest.approx(by_folder["grpo_oracle"][key]), key
+        # the folders' first evaluation after step 0 is step 5, the figures' step 10: not compared
+        assert by_folder["grpo_oracle"]["early_step"] == 5 and by_figure["grpo_oracle"]["early_step"] is None
+        assert by_figure["grpo"]["tokens"] == by_folder["grpo"]["tokens"] == pytest.approx(1000.0)
+    assert all(math.isnan(v) for v in rows["figures"]["grpo"]["dynamics"]["entropy/mean"])
+    grpo_row = next(line for line in (tmp_path / "figures" / "table.md").read_text().splitlines()
+                    if line.startswith("| grpo |"))
+    assert grpo_row.rstrip(" |").endswith("–")  # no mean length: the figures do not give it
+
+    twice = subprocess.run([sys.executable, str(ROOT / "scripts" / "ceilings.py"), str(tmp_path / "all"), "--figures",
+                            str(figures), "-o", str(tmp_path / "twice")], capture_output=True, text=True)
+    assert twice.returncode == 2 and "a seed given twice" in twice.stderr
