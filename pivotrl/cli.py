@@ -67,6 +67,7 @@ def pretrain(
     temperature: float = typer.Option(1.0, min=0.0, help="Sampling temperature of the measurement (0 = greedy)."),
     eval_seed: int = typer.Option(0, help="Seed of the measurement's sampling (eval's --seed)."),
     max_new_tokens: int | None = typer.Option(None, min=1, help="Longest response of the measurement (default: the task's, as eval: 34, countdown_search 224, countdown_free 160)."),
+    adapter: str | None = typer.Option(None, help="With --model: rebuild the warm start from a kept copy of its adapter/ folder (seconds, not the training), its weights checked against the digest recorded when it was trained."),
 ) -> None:
     """Warm up a tiny policy on worked solutions (the shipped checkpoints' recipes, one per --task), or
     with --model a pretrained model (LoRA fine-tune with TRL, merged: e.g. --model smollm2-135m --task add_sub).
@@ -86,6 +87,8 @@ def pretrain(
         fail(f"--lr must be > 0, got {lr}")
     if eval_only and (output_dir is not None or overwrite):
         fail("--eval-only saves nothing: --output-dir and --overwrite do not apply (measure a folder with --model)")
+    if adapter is not None and (model is None or eval_only):
+        fail("--adapter rebuilds a pretrained model's warm start: give --model (and not --eval-only)")
     if model is not None and not eval_only:
         from pivotrl.modeling.tiny import TINY_MODELS
 
@@ -94,12 +97,17 @@ def pretrain(
                  "measured with --eval-only")
         from pivotrl.warm_start import run_warm_start_command, warm_start_recipe
 
+        if adapter is not None and any(v is not None for v in (seed, steps, batch_size, lr)):
+            fail("--adapter rebuilds a warm start already trained: --seed, --steps, --batch-size and --lr do not apply")
+        if adapter is not None and not Path(adapter).is_dir():
+            fail(f"--adapter {adapter}: no such folder")
         with user_errors():
             config = warm_start_recipe(model, task, seed=seed, steps=steps, batch_size=batch_size, lr=lr,
                                        threads=threads)
             run_warm_start_command(config=config, output_dir=Path(output_dir) if output_dir else None,
                                    overwrite=overwrite, evaluate=evaluate, eval_n=eval_n, temperature=temperature,
-                                   eval_seed=eval_seed, max_new_tokens=max_new_tokens)
+                                   eval_seed=eval_seed, max_new_tokens=max_new_tokens,
+                                   adapter=Path(adapter) if adapter else None)
         return
     with user_errors():
         config = recipe(task, seed=seed, steps=steps, minutes=minutes, batch_size=batch_size, lr=lr,

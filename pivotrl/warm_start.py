@@ -28,6 +28,8 @@ from pivotrl.modeling.prompt_form import WARM_START_RECIPE, save_prompt_form
 
 #: The file beside the weights that records how they were made.
 RECIPE_FILE = WARM_START_RECIPE
+#: The folder beside the weights that holds the trained adapter, before its merge.
+ADAPTER_DIR = "adapter"
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,6 @@ def warm_start(config: WarmStartConfig, output_dir: Path, log: Callable[[str], N
     from trl import SFTConfig, SFTTrainer
 
     from pivotrl.modeling.policy import load_policy
-    from pivotrl.modeling.quiet import quiet_loading
     from pivotrl.tasks import get_task
 
     torch.set_num_threads(config.threads)
@@ -111,28 +112,79 @@ def warm_start(config: WarmStartConfig, output_dir: Path, log: Callable[[str], N
     start = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - start
-    merged = trainer.model.merge_and_unload()
     record = {"recipe": asdict(config), "train_s": round(wall, 1), "examples": len(pairs),
               "final_loss": trainer.state.log_history[-1].get("train_loss")}
-    work = output_dir.parent / f".{output_dir.name}.tmp"
-    shutil.rmtree(work, ignore_errors=True)
-    with quiet_loading():
-        merged.save_pretrained(work)
-        tokenizer.save_pretrained(work)
-    (work / RECIPE_FILE).write_text(json.dumps(record, indent=2) + "\n")
-    save_prompt_form(work, chat=True)
-    for path in sorted(work.iterdir(), key=lambda p: p.name == "config.json"):
-        path.rename(output_dir / path.name)
-    work.rmdir()
+    record = save_merged(trainer.model, tokenizer, record, output_dir)
     shutil.rmtree(args.output_dir, ignore_errors=True)
     return record
 
 
+def save_merged(adapted: Any, tokenizer: Any, record: dict[str, Any], output_dir: Path) -> dict[str, Any]:
+    """Save the adapter (``adapter/``: a copy of it rebuilds these weights in seconds, `merge_kept_adapter`),
+    then the model with it merged, its tokenizer, chat form and `record` with the merged weights' digest, all
+    written beside `output_dir` and moved in when complete, config.json last."""
+    from pivotrl.modeling.quiet import quiet_loading
+    from pivotrl.train.before_cache import weights_digest
+
+    work = output_dir.parent / f".{output_dir.name}.tmp"
+    shutil.rmtree(work, ignore_errors=True)
+    adapted.save_pretrained(work / ADAPTER_DIR)
+    merged = adapted.merge_and_unload()
+    record = {**record, "weights_sha256": weights_digest(merged)}
+    with quiet_loading():
+        merged.save_pretrained(work)
+        tokenizer.save_pretrained(work)
+    write_record(work, record)
+    save_prompt_form(work, chat=True)
+    for path in sorted(work.iterdir(), key=lambda p: p.name == "config.json"):
+        path.rename(output_dir / path.name)
+    work.rmdir()
+    return record
+
+
+def write_record(folder: Path, record: dict[str, Any]) -> None:
+    """The record beside the weights and beside the adapter, so that a kept adapter carries it."""
+    for target in (folder, folder / ADAPTER_DIR):
+        (target / RECIPE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def merge_kept_adapter(config: WarmStartConfig, adapter: Path, output_dir: Path,
+                       log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The warm start rebuilt from a kept copy of its ``adapter/`` folder: `config.model` with the adapter
+    merged, saved as `warm_start` saves it; its record is the adapter's, and the merged weights' digest is
+    checked against the one recorded when it was trained (a warning when they differ: another torch build
+    or CPU rounds the merge otherwise)."""
+    from peft import PeftModel
+
+    from pivotrl.modeling.policy import load_policy
+
+    kept = adapter / RECIPE_FILE
+    if not (adapter / "adapter_config.json").is_file() or not kept.is_file():
+        raise ValueError(f"--adapter {adapter}: not a kept warm-start adapter (it needs adapter_config.json, "
+                         f"the adapter's weights and {RECIPE_FILE}: a copy of a warm start's {ADAPTER_DIR}/ folder)")
+    record = json.loads(kept.read_text())
+    if record.get("recipe", {}).get("model") != config.model or record.get("recipe", {}).get("task") != config.task:
+        raise ValueError(f"--adapter {adapter} is the warm start of {record.get('recipe', {}).get('model')} on "
+                         f"{record.get('recipe', {}).get('task')}, not of {config.model} on {config.task}")
+    torch.set_num_threads(config.threads)
+    model, tokenizer = load_policy(config.model, device="cpu", seed=config.seed)
+    record = {**record, "merged_from": str(adapter)}
+    expected = record.pop("weights_sha256", None)
+    saved = save_merged(PeftModel.from_pretrained(model, adapter), tokenizer, record, output_dir)
+    if saved["weights_sha256"] == expected:
+        log(f"merged weights identical to the trained warm start's (sha256 {expected[:16]}...)")
+    else:
+        log(f"WARNING: the merged weights differ from the trained warm start's (sha256 {saved['weights_sha256'][:16]}... "
+            f"against {str(expected)[:16]}...): another torch build or CPU; runs from it are not the runs made from that")
+    return saved
+
+
 def run_warm_start_command(*, config: WarmStartConfig, output_dir: Path | None, overwrite: bool, evaluate: bool,
-                           eval_n: int, temperature: float, eval_seed: int, max_new_tokens: int | None) -> None:
-    """What ``pivotrl pretrain --model NAME`` does for a pretrained model: the warm start, saved to
-    `output_dir` (default: the warm start's named folder in the cache, where it has a name), then its
-    held-out accuracy in chat form."""
+                           eval_n: int, temperature: float, eval_seed: int, max_new_tokens: int | None,
+                           adapter: Path | None = None) -> None:
+    """What ``pivotrl pretrain --model NAME`` does for a pretrained model: the warm start (or with `adapter`,
+    the warm start rebuilt from a kept copy of its adapter), saved to `output_dir` (default: the warm start's
+    named folder in the cache, where it has a name), then its held-out accuracy in chat form."""
     from pivotrl.errors import ConfigError
     from pivotrl.evaluation import evaluate_heldout
     from pivotrl.modeling.policy import load_policy
@@ -149,14 +201,19 @@ def run_warm_start_command(*, config: WarmStartConfig, output_dir: Path | None, 
     task = get_task(config.task)  # an unknown task fails here, before any work
     lock = claim_model_folder(output_dir, overwrite=overwrite, say=print)
     try:
-        print(f"warm start of {config.model} on {config.task}'s worked solutions: {config.steps} steps x "
+        if adapter is not None:
+            print(f"merging the kept adapter {adapter} into {config.model} -> {output_dir}", flush=True)
+            record = merge_kept_adapter(config, adapter, output_dir, log=lambda line: print(line, flush=True))
+        else:
+            print(f"warm start of {config.model} on {config.task}'s worked solutions: {config.steps} steps x "
               f"{config.batch_size}, LoRA rank {config.lora_rank}, lr {config.lr:g}, seed {config.seed}, "
               f"{config.threads} thread(s) -> {output_dir}", flush=True)
-        record = warm_start(config, output_dir, log=lambda line: print(line, flush=True))
+            record = warm_start(config, output_dir, log=lambda line: print(line, flush=True))
     finally:
         lock.release()
     named = name is not None and output_dir == warm_start_folder(name)
-    print(f"saved {output_dir} after {record['train_s']:.0f} s" + (f": --model {name}" if named else ""), flush=True)
+    how = "merged" if adapter is not None else f"after {record['train_s']:.0f} s"
+    print(f"saved {output_dir} {how}" + (f": --model {name}" if named else ""), flush=True)
     if evaluate:
         model, tokenizer = load_policy(str(output_dir), device="cpu")
         length = max_new_tokens or task.response_limit(tokenizer)
@@ -164,7 +221,9 @@ def run_warm_start_command(*, config: WarmStartConfig, output_dir: Path | None, 
               f"at most {length} tokens)", flush=True)
         res = evaluate_heldout(model, tokenizer, task, n=eval_n, temperature=temperature, seed=eval_seed,
                                max_new_tokens=length, chat=True)
+        trained = record.get("heldout")
         record["heldout"] = {k: res[k] for k in ("accuracy", "mean_length", "num_problems")}
-        (output_dir / RECIPE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        write_record(output_dir, record)
         print(f"held-out accuracy {res['accuracy']:.3f}  mean response {res['mean_length']:.1f} tokens  "
-              f"(n={res['num_problems']})", flush=True)
+              f"(n={res['num_problems']})" + (f"; when trained: {trained['accuracy']:.3f}, {trained['mean_length']:.1f} "
+                                              f"tokens (n={trained['num_problems']})" if trained else ""), flush=True)

@@ -42,7 +42,7 @@ def invoke(*args: str) -> str:
     (["analyze", "--top-percent", "50"], "--top-percent"),
     (["analyze", "--max-new-tokens", "0"], "'--max-new-tokens'"),
     (["credit", "-g", "0"], "'--group-size'"),
-    (["compare", "--seeds", "0"], "'--seeds'"),
+    (["compare", "--seeds", "0"], "--seeds must be >= 1"),
     (["compare", "--jobs", "0"], "'--jobs'"),
     (["compare", "--methods", ","], "--methods names no method"),
     (["pretrain", "--steps", "-5"], "'--steps'"),  # was: "saves after 0 steps"

@@ -89,3 +89,39 @@ def test_a_warm_start_not_made_yet_names_the_command_that_makes_it(tmp_path: Pat
     monkeypatch.setenv("PIVOTRL_CACHE", str(tmp_path / "cache"))
     done = pivotrl("eval", "--model", "smollm2-135m-add_sub", "--task", "add_sub", "-n", "4")
     assert_user_error(done, "pivotrl pretrain --model smollm2-135m --task add_sub")
+
+
+@pytest.mark.slow
+def test_a_kept_adapter_rebuilds_the_warm_start_exactly_and_says_when_it_does_not(chat_tiny: Path,
+                                                                                   tmp_path: Path) -> None:
+    """`pretrain --adapter`: a copy of a warm start's adapter/ rebuilds its merged weights bit for bit,
+    checked against the digest recorded when it was trained; an altered adapter is merged with a warning."""
+    from safetensors.torch import load_file, save_file
+
+    config = WarmStartConfig(model=str(chat_tiny), task="add_sub", steps=2, batch_size=4, lr=1e-2)
+    (tmp_path / "trained").mkdir()
+    record = warm_start(config, tmp_path / "trained", log=print)
+    kept = tmp_path / "kept"
+    shutil.copytree(tmp_path / "trained" / "adapter", kept)
+    assert json.loads((kept / RECIPE_FILE).read_text())["weights_sha256"] == record["weights_sha256"]
+
+    done = pivotrl("pretrain", "--model", str(chat_tiny), "--task", "add_sub", "--adapter", str(kept),
+                   "--output-dir", str(tmp_path / "rebuilt"), "--no-evaluate")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "identical to the trained warm start's" in done.stdout
+    trained, rebuilt = weights(tmp_path / "trained"), weights(tmp_path / "rebuilt")
+    assert all(torch.equal(trained[name], rebuilt[name]) for name in trained)
+    assert any(not torch.equal(trained[name], weights(chat_tiny)[name]) for name in trained)  # the adapter acted
+    assert saved_prompt_form(str(tmp_path / "rebuilt")) is True
+
+    tensors = load_file(kept / "adapter_model.safetensors")
+    save_file({name: t * 1.01 if "lora_B" in name else t for name, t in tensors.items()}, kept / "adapter_model.safetensors")
+    altered = pivotrl("pretrain", "--model", str(chat_tiny), "--task", "add_sub", "--adapter", str(kept),
+                      "--output-dir", str(tmp_path / "altered"), "--no-evaluate")
+    assert altered.returncode == 0 and "WARNING: the merged weights differ" in altered.stdout
+
+    assert_user_error(pivotrl("pretrain", "--model", str(chat_tiny), "--task", "add_sub", "--adapter", str(kept),
+                              "--steps", "5", "--output-dir", str(tmp_path / "x")), "--adapter", "--steps")
+    assert_user_error(pivotrl("pretrain", "--model", str(chat_tiny), "--task", "countdown", "--adapter", str(kept),
+                              "--output-dir", str(tmp_path / "y")), "add_sub", "countdown")
+    assert not (tmp_path / "x").exists()
