@@ -288,7 +288,7 @@ def compare(
     ctx: typer.Context,
     config: Annotated[Path | None, typer.Option("--config", "-c", help="Base recipe: a YAML file, or a shipped recipe by name (default: default)")] = None,
     methods: Annotated[str, typer.Option(help="Comma-separated methods (estimators, or dapo, gspo, tepo, mpo)")] = "grpo,erpo",
-    seeds: Annotated[str, typer.Option(help="Seeds per method: a count N (seeds 0 to N-1), or seeds and ranges (1-3, or 0,2) for a comparison split across machines")] = "3",
+    seeds: Annotated[str, typer.Option(help="Seeds per method: a count N (seeds 0 to N-1), or seeds and ranges (1-3, 0,2; seed 1 alone: 1-1) for a comparison split across machines")] = "3",
     output_dir: Annotated[Path, typer.Option("--output-dir", "-o", help="Folder of the runs and the report")] = Path("runs/compare"),
     ablate: Annotated[str | None, typer.Option(help="Ablate erpo or ep_grpo: full, no gate, no buckets, no anchor")] = None,
     jobs: Annotated[int, typer.Option(min=1, help="Runs trained side by side, one process each")] = 1,

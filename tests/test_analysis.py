@@ -87,6 +87,7 @@ def test_plan_and_ablation() -> None:
 def test_seeds_are_a_count_or_seeds_and_ranges() -> None:
     assert seed_list(4) == seed_list("4") == [0, 1, 2, 3]
     assert seed_list("1-3") == [1, 2, 3] and seed_list("0,2-3") == [0, 2, 3] and seed_list("2") == [0, 1]
+    assert seed_list("1-1") == [1]
     for bad in ("0", "3-1", "1,,2", "a", "1-2,2"):
         with pytest.raises(ValueError, match="--seeds"):
             seed_list(bad)

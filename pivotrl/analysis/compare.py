@@ -55,7 +55,8 @@ def parse_sets(sets: list[str], methods: list[str]) -> dict[str, list[str]]:
 
 
 def seed_list(seeds: int | str) -> list[int]:
-    """--seeds: a count N (seeds 0 to N-1), or seeds and ranges ("1-3", "0,2"), for runs split across machines."""
+    """--seeds: a count N (seeds 0 to N-1), or seeds and ranges ("1-3", "0,2"; seed 1 alone "1-1"), for runs split
+    across machines."""
     text = str(seeds).strip()
     if text.isdigit():
         if int(text) < 1:
