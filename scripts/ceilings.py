@@ -330,7 +330,6 @@ def main() -> None:
     for folder in args.folders:
         if not (split_tag(folder)[0] / "runs").is_dir():
             parser.error(f"{split_tag(folder)[0]} is not a pivotrl compare folder (no runs/)")
-    args.output_dir.mkdir(parents=True, exist_ok=True)
     runs = read_folders(args.folders)
     for path in args.figures:
         for label, records in read_figures(path).items():
@@ -339,6 +338,7 @@ def main() -> None:
         seeds = [r.seed for r in records]
         if len(set(seeds)) < len(seeds):
             parser.error(f"{label}: a seed given twice ({sorted(seeds)}), in {sorted({str(r.path) for r in records})}")
+    args.output_dir.mkdir(parents=True, exist_ok=True)
     rows = compare(runs, args.baseline, args.ceiling, [m for m in args.holm.split(",") if m], args.pooled)
     table = markdown(rows, args.baseline, args.ceiling, args.pooled)
     trends = dynamics(runs)

@@ -199,3 +199,4 @@ def test_runs_known_only_by_their_figures_count_as_their_folders_would(tmp_path:
     twice = subprocess.run([sys.executable, str(ROOT / "scripts" / "ceilings.py"), str(tmp_path / "all"), "--figures",
                             str(figures), "-o", str(tmp_path / "twice")], capture_output=True, text=True)
     assert twice.returncode == 2 and "a seed given twice" in twice.stderr
+    assert not (tmp_path / "twice").exists()  # refused before anything is written
